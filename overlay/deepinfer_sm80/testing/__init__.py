@@ -1,0 +1,1 @@
+"""Verification rig: compare contracts, hardware gates and budgets, cross-compilation, GPU timing."""

@@ -1,0 +1,141 @@
+"""GPU timing: CUDA-graph replay over input sets rotated beyond L2, copy bandwidth, roofline fields.
+
+A microbench prints one line per shape and never fails a test (STYLE.md). Times are medians of
+graph replays; each replay runs `calls` launches, each on the next input set, so no launch reads
+what the previous one left in L2.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+L2_FLUSH_BYTES = 256 << 20  # H200 L2 is 60 MB, A100 40 MB: rotate through > 4x that
+
+
+@dataclass(frozen=True)
+class Timing:
+    name: str
+    us: float  # median per call
+    us_min: float
+    bytes_moved: int
+    gbps: float
+    pct_of_copy: float | None
+    floor_us: float | None
+
+    def as_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def input_sets_needed(bytes_per_call: int, limit: int = 64) -> int:
+    """How many distinct input sets make one pass through them exceed L2_FLUSH_BYTES."""
+    return max(2, min(limit, -(-L2_FLUSH_BYTES // max(bytes_per_call, 1))))
+
+
+def time_graph(
+    fn: Callable[[int], object], n_sets: int, *, calls: int | None = None, replays: int = 20, warmup: int = 3
+) -> list[float]:
+    """Per-call µs of `fn(i)` (i = input-set index) captured `calls` times in one CUDA graph."""
+    calls = calls or n_sets
+    for i in range(min(n_sets, calls)):
+        fn(i)  # compile + warm outside capture
+    torch.cuda.synchronize()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream):
+        for i in range(calls):  # a second warm pass on the side stream, as capture requires
+            fn(i % n_sets)
+        stream.synchronize()
+        with torch.cuda.graph(graph, stream=stream):
+            for i in range(calls):
+                fn(i % n_sets)
+    torch.cuda.current_stream().wait_stream(stream)
+    for _ in range(warmup):
+        graph.replay()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) * 1e3 / calls)
+    return samples
+
+
+def time_eager(fn: Callable[[int], object], n_sets: int, *, reps: int = 50) -> list[float]:
+    """Per-call µs with plain launches (for functions that cannot be graph-captured)."""
+    for i in range(n_sets):
+        fn(i)
+    torch.cuda.synchronize()
+    samples = []
+    for r in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn(r % n_sets)
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) * 1e3)
+    return samples
+
+
+def measure_copy_bandwidth(nbytes: int = 2 << 30) -> float:
+    """GB/s of a device-to-device copy, counting bytes read plus bytes written."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda").random_()
+    dst = torch.empty_like(src)
+    samples = time_graph(lambda _: dst.copy_(src), 1, calls=4, replays=10)
+    return 2 * nbytes / (statistics.median(samples) * 1e-6) / 1e9
+
+
+@triton.jit
+def _empty_kernel(ptr, n):
+    if n < 0:  # never true: keeps the argument alive without touching memory
+        tl.store(ptr, 0)
+
+
+def measure_empty_launch_us() -> float:
+    """Per-launch µs of an empty Triton kernel inside a graph: the launch share of every floor."""
+    dummy = torch.empty(1, device="cuda")
+    return statistics.median(time_graph(lambda _: _empty_kernel[(1,)](dummy, 1), 1, calls=200))
+
+
+@dataclass(frozen=True)
+class Ceilings:
+    copy_gbps: float
+    empty_launch_us: float
+
+    @classmethod
+    def measure(cls) -> Ceilings:
+        return cls(measure_copy_bandwidth(), measure_empty_launch_us())
+
+    def floor_us(self, bytes_moved: int) -> float:
+        return bytes_moved / (self.copy_gbps * 1e3) + self.empty_launch_us
+
+
+def summarize(name: str, samples: Sequence[float], bytes_moved: int, ceilings: Ceilings | None) -> Timing:
+    us = statistics.median(samples)
+    gbps = bytes_moved / (us * 1e3) if us > 0 else 0.0
+    return Timing(
+        name=name,
+        us=round(us, 3),
+        us_min=round(min(samples), 3),
+        bytes_moved=bytes_moved,
+        gbps=round(gbps, 1),
+        pct_of_copy=round(100 * gbps / ceilings.copy_gbps, 1) if ceilings else None,
+        floor_us=round(ceilings.floor_us(bytes_moved), 3) if ceilings else None,
+    )
+
+
+def format_line(t: Timing, extra: str = "") -> str:
+    pct = f" ({t.pct_of_copy:.0f}% of copy BW)" if t.pct_of_copy is not None else ""
+    floor = f" | floor {t.floor_us:.1f} us" if t.floor_us is not None else ""
+    return (
+        f"{t.name:40} {t.us:10.1f} us | {t.gbps / 1e3:6.2f} TB/s{pct}{floor}{' | ' + extra if extra else ''}"
+    )
