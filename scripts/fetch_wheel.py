@@ -33,9 +33,21 @@ def fetch(requirement: str, filename: str, expected_sha256: str, dest: Path) -> 
     if not wheel.exists():
         # pip resolves the file from the index (no hand-written URL); --no-deps: the wheel alone.
         subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-             "--python-version", "3.12", "--platform", "manylinux_2_28_x86_64",
-             "-d", str(dest), requirement],
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--only-binary=:all:",
+                "--python-version",
+                "3.12",
+                "--platform",
+                "manylinux_2_28_x86_64",
+                "-d",
+                str(dest),
+                requirement,
+            ],
             check=True,
         )
     if not wheel.exists():

