@@ -19,7 +19,7 @@ export PYTHONUNBUFFERED=1
 python3 -c 'import torch, triton; p = torch.cuda.get_device_properties(0); print(f"{p.name} sm_{p.major}{p.minor} {p.multi_processor_count} SMs | torch {torch.__version__} | triton {triton.__version__}")'
 status=0
 if [ -z "${SKIP_TESTS:-}" ]; then
-  python3 -m pytest -q -p no:cacheprovider overlay/tests --junitxml="$OUT_DIR/gpu-tests.xml" 2>&1 | tee "$OUT_DIR/gpu-tests.log" | tail -25 || status=1
+  python3 -m pytest -q -p no:cacheprovider ${TESTS:-overlay/tests} --junitxml="$OUT_DIR/gpu-tests.xml" 2>&1 | tee "$OUT_DIR/gpu-tests.log" | tail -25 || status=1
 fi
 python3 -m deepinfer_sm80.bench --out "$OUT_DIR" ${1:+--only "$@"} 2>&1 | tee "$OUT_DIR/bench.log" | grep -v "^\s*$" || status=1
 exit $status
