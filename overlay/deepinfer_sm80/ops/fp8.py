@@ -83,6 +83,14 @@ def f32_to_e4m3(x):
     return (code | sign).to(tl.uint8)
 
 
+@triton.jit
+def clamp_e4m3_range(x):
+    """The writers' pre-clamp to ±448 with NaN kept: plain tl.minimum/maximum lower to PTX min/max,
+    which return the non-NaN operand on the GPU (the interpreter's numpy would propagate it)."""
+    x = tl.maximum(x, -_E4M3_MAX, propagate_nan=tl.PropagateNan.ALL)
+    return tl.minimum(x, _E4M3_MAX, propagate_nan=tl.PropagateNan.ALL)
+
+
 # ----------------------------------------------------------------------------- test kernels
 @triton.jit
 def _e4m3_decode_kernel(src_ptr, dst_ptr, n, BLOCK: tl.constexpr):
@@ -96,8 +104,7 @@ def _e4m3_encode_kernel(src_ptr, dst_ptr, n, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     x = tl.load(src_ptr + offs, mask=mask)
-    x = tl.minimum(tl.maximum(x, -_E4M3_MAX), _E4M3_MAX)  # the writers' pre-clamp; NaN passes through
-    tl.store(dst_ptr + offs, f32_to_e4m3(x), mask=mask)
+    tl.store(dst_ptr + offs, f32_to_e4m3(clamp_e4m3_range(x)), mask=mask)
 
 
 @triton.jit
