@@ -1,0 +1,7 @@
+"""Repository-level tests: pins, downloads, bundle recipe. They need no GPU and no interpreter."""
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
