@@ -46,9 +46,14 @@ gpu-bundle: fetch-vllm
 gpu-suite:
 	bash scripts/gpu_suite.sh $(BUNDLE) $${OUT:-results/gpu}
 
-image:
-	docker build -f docker/Dockerfile.sm80 --target baseline -t deepinfer-sm80:baseline .
-	docker build -f docker/Dockerfile.sm80 --target deepinfer -t deepinfer-sm80:deepinfer .
+IMAGE_ARGS = --build-arg CUDA_VERSION=$(CUDA_VERSION) --build-arg VLLM_VERSION=$(VLLM_VERSION) \
+	--build-arg "TORCH_CUDA_ARCH_LIST=$(TORCH_CUDA_ARCH_LIST)" --build-arg GIT_SHA=$$(git rev-parse HEAD) \
+	--build-arg PATCHES_SHA256=$$(cat patches/series patches/*.patch | sha256sum | cut -c1-64)
+
+# Needs a Docker engine that can pull nvidia/cuda (not available on our CPU CI machines).
+image: fetch-vllm
+	DOCKER_BUILDKIT=1 docker build -f docker/Dockerfile.sm80 $(IMAGE_ARGS) --target baseline -t deepinfer-sm80:baseline .
+	DOCKER_BUILDKIT=1 docker build -f docker/Dockerfile.sm80 $(IMAGE_ARGS) --target deepinfer -t deepinfer-sm80:deepinfer .
 
 bench-ab: setup
 	$(PY) -m deepinfer_harness bench-ab --profile $(PROFILE) $(if $(MODEL),--model $(MODEL))
