@@ -10,6 +10,7 @@ from typing import Any
 # Each module lists its kernels in a module-level tuple `COMPILE_SPECS`.
 KERNEL_MODULES = (
     "deepinfer_sm80.ops.fp8",
+    "deepinfer_sm80.ops.topk_swa_combine",
 )
 
 

@@ -1,3 +1,6 @@
 """GPU microbenchmarks: each module has `main(out_dir, ceilings) -> dict`; see `__main__`."""
 
-BENCH_MODULES = ("deepinfer_sm80.bench.upstream_baseline",)
+BENCH_MODULES = (
+    "deepinfer_sm80.bench.upstream_baseline",
+    "deepinfer_sm80.bench.topk_swa_combine",
+)
