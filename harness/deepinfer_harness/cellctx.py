@@ -1,0 +1,108 @@
+"""What a running cell needs: one client session, the arm's URL, the corpus and the JSONL writer.
+
+Also the shared mechanics: request identity (`<run>-<cell>-<variant>-r<k>-<i>` with a salt hashed
+from the same tuple), metric scrapes, and a closed loop that keeps C requests in flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+from tqdm import tqdm
+
+from deepinfer_harness.client import completion_body, get_text, stream_completion
+from deepinfer_harness.plan import CellDef
+from deepinfer_harness.prompts import TokenCorpus, sha256_ids
+from deepinfer_harness.promtext import Snapshot, parse_metrics
+from deepinfer_harness.records import JsonlWriter, RequestRecord
+
+WARMUP_INDEX_BASE = 100_000  # warmup prompts never coincide with measured ones
+
+
+@dataclass
+class CellContext:
+    http: aiohttp.ClientSession
+    base_url: str
+    model: str
+    run_id: str
+    variant: str
+    rep: int
+    session: int
+    corpus: TokenCorpus
+    writer: JsonlWriter
+    cdef: CellDef
+    progress: bool = True
+    facts: dict[str, Any] = field(default_factory=dict)  # cell-level facts for <variant>.r<k>.cell.json
+    violations: list[str] = field(default_factory=list)
+
+    def new_record(self, index: int, phase: str, worker: int, prompt: list[int],
+                   max_tokens: int) -> RequestRecord:
+        tag = f"w{index}" if phase == "warmup" else str(index)
+        request_id = f"{self.run_id}-{self.cdef.id}-{self.variant}-r{self.rep}-s{self.session}-{tag}"
+        salt = hashlib.sha256(request_id.encode()).hexdigest()[:32]
+        return RequestRecord(cell_id=self.cdef.id, variant=self.variant, rep=self.rep, session=self.session,
+                             index=index, worker=worker, phase=phase, request_id=request_id, cache_salt=salt,
+                             prompt_sha256=sha256_ids(prompt), prompt_len=len(prompt), max_tokens=max_tokens)
+
+    async def stream(self, index: int, phase: str, worker: int, prompt: list[int], max_tokens: int,
+                     token_ids: bool) -> RequestRecord:
+        rec = self.new_record(index, phase, worker, prompt, max_tokens)
+        body = completion_body(self.model, prompt, max_tokens, salt=rec.cache_salt,
+                               request_id=rec.request_id, stream=True, token_ids=token_ids)
+        await stream_completion(self.http, self.base_url, body, rec, want_ids=token_ids)
+        self.writer.write(rec)
+        return rec
+
+    async def scrape(self, label: str) -> str:
+        """Fetch /metrics and keep the raw text for the .prom files; parsing (~40 ms for vLLM's
+        histograms) happens in `summarize`, never on the loop while requests stream."""
+        t_ns = time.perf_counter_ns()
+        try:
+            text = await get_text(self.http, f"{self.base_url}/metrics")
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            self.violations.append(f"metrics scrape '{label}' failed: {type(exc).__name__}")
+            return ""
+        self.facts.setdefault("metrics_text", {})[label] = text
+        self.facts.setdefault("scrape_ns", {})[label] = t_ns
+        return text
+
+    async def idle_gate(self) -> None:
+        """Running = waiting = 0 before traffic starts (nothing is in flight, so parsing here is free)."""
+        snap: Snapshot = parse_metrics(await self.scrape("idle"))
+        running = snap.total("vllm:num_requests_running")
+        waiting = snap.total("vllm:num_requests_waiting")
+        if running or waiting:
+            self.violations.append(f"idle gate: running={running:g} waiting={waiting:g}")
+
+    def bar(self, total: int | None, unit: str = "req") -> tqdm:
+        return tqdm(total=total, unit=unit, leave=False, disable=not self.progress,
+                    desc=f"{self.variant}.r{self.rep} {self.cdef.id}")
+
+
+async def closed_loop(jobs: list[Callable[[int], Awaitable[RequestRecord]]], concurrency: int,
+                      on_done: Callable[[RequestRecord], None] | None = None) -> list[RequestRecord]:
+    """Run jobs with at most `concurrency` in flight; each worker sends its next job at once."""
+    queue: asyncio.Queue = asyncio.Queue()
+    for job in jobs:
+        queue.put_nowait(job)
+    results: list[RequestRecord] = []
+
+    async def worker(w: int) -> None:
+        while True:
+            try:
+                job = queue.get_nowait()
+            except asyncio.QueueEmpty:
+                return
+            rec = await job(w)
+            results.append(rec)
+            if on_done:
+                on_done(rec)
+
+    await asyncio.gather(*(worker(w) for w in range(concurrency)))
+    return results

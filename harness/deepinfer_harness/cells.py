@@ -1,0 +1,91 @@
+"""Cell ids: a small grammar that doubles as directory names.
+
+    prefill-cold-i{L}[-c{C}]   cold prefill, C concurrent (default 1), max_tokens 1
+    ttft-i{L}-c{C}             time to first token
+    decode-i{L}-o{O}-c{C}      closed-loop decode at concurrency C
+    nll-i{L}                   prompt-logprob NLL on reference documents of L tokens
+    greedy-i{L}-o{O}-c{C}      greedy token-match check between arms
+
+Sizes are integers; a `k` suffix means ×1024 (`i64k` = 65536), and `format_size` writes the
+suffix only when it is exact, so `parse_cell(format_cell(c)) == c` for every cell.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+KINDS = ("prefill-cold", "ttft", "decode", "nll", "greedy")
+_SIZE = r"(\d+k?)"
+_PATTERNS = {
+    "prefill-cold": re.compile(rf"^prefill-cold-i{_SIZE}(?:-c(\d+))?$"),
+    "ttft": re.compile(rf"^ttft-i{_SIZE}-c(\d+)$"),
+    "decode": re.compile(rf"^decode-i{_SIZE}-o{_SIZE}-c(\d+)$"),
+    "nll": re.compile(rf"^nll-i{_SIZE}$"),
+    "greedy": re.compile(rf"^greedy-i{_SIZE}-o{_SIZE}-c(\d+)$"),
+}
+
+
+def format_size(n: int) -> str:
+    return f"{n // 1024}k" if n >= 1024 and n % 1024 == 0 else str(n)
+
+
+def parse_size(text: str) -> int:
+    value = int(text[:-1]) * 1024 if text.endswith("k") else int(text)
+    if value <= 0:
+        raise ValueError(f"size must be positive: {text!r}")
+    return value
+
+
+@dataclass(frozen=True, order=True)
+class Cell:
+    kind: str
+    isl: int
+    osl: int = 1
+    concurrency: int = 1
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"unknown cell kind {self.kind!r}; expected one of {KINDS}")
+        if self.isl <= 0 or self.osl <= 0 or self.concurrency <= 0:
+            raise ValueError(f"isl, osl and concurrency must be positive: {self}")
+        if self.kind in ("prefill-cold", "ttft", "nll") and self.osl != 1:
+            raise ValueError(f"{self.kind} cells generate exactly one token (osl=1), got {self.osl}")
+        if self.kind == "nll" and self.concurrency != 1:
+            raise ValueError("nll cells run at concurrency 1")
+
+    @property
+    def id(self) -> str:
+        return format_cell(self)
+
+
+def format_cell(cell: Cell) -> str:
+    i, o, c = format_size(cell.isl), format_size(cell.osl), cell.concurrency
+    match cell.kind:
+        case "prefill-cold":
+            return f"prefill-cold-i{i}" + (f"-c{c}" if c != 1 else "")
+        case "ttft":
+            return f"ttft-i{i}-c{c}"
+        case "decode" | "greedy":
+            return f"{cell.kind}-i{i}-o{o}-c{c}"
+        case _:
+            return f"nll-i{i}"
+
+
+def parse_cell(cell_id: str) -> Cell:
+    for kind, pattern in _PATTERNS.items():
+        m = pattern.match(cell_id)
+        if not m:
+            continue
+        groups = m.groups()
+        isl = parse_size(groups[0])
+        if kind in ("decode", "greedy"):
+            cell = Cell(kind, isl, parse_size(groups[1]), int(groups[2]))
+        elif kind == "nll":
+            cell = Cell(kind, isl)
+        else:
+            cell = Cell(kind, isl, 1, int(groups[1]) if groups[1] else 1)
+        if format_cell(cell) != cell_id:
+            raise ValueError(f"non-canonical cell id {cell_id!r}; write {format_cell(cell)!r}")
+        return cell
+    raise ValueError(f"cannot parse cell id {cell_id!r}; grammar: see deepinfer_harness.cells")

@@ -1,0 +1,158 @@
+"""Charts regenerated from result files only (`make charts`): one pure function per chart.
+
+Each chart is `(DataFrame) -> Figure`, saved as PNG and SVG under charts/<run path>/ with
+deterministic metadata, so re-running on the same results rewrites the same files.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import pandas as pd
+from matplotlib.figure import Figure
+
+from deepinfer_harness.layout import read_json
+
+plt.rcParams["svg.hashsalt"] = "deepinfer-harness"
+COLORS = {"A": "#4C72B0", "B": "#DD8452"}
+
+
+def runs_frame(summary: dict) -> pd.DataFrame:
+    return pd.DataFrame(summary["runs"])
+
+
+def ab_frame(ab: dict) -> pd.DataFrame:
+    return pd.DataFrame(ab["rows"])
+
+
+def _labels(summary: dict) -> dict[str, str]:
+    labels = summary["provenance"].get("labels") or {}
+    return {v: f"{v}: {labels.get(v, v)}" for v in ("A", "B")}
+
+
+def throughput_ab(ab: pd.DataFrame, labels: dict[str, str]) -> Figure:
+    """End-to-end throughput per cell, A vs B, with the B/A ratio and its 95 % CI on each group."""
+    rows = ab[ab["metric"].isin(["prefill_tok_s", "decode_tok_s"])].reset_index(drop=True)
+    fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(rows) + 2), 4.5))
+    for i, row in rows.iterrows():
+        for j, v in enumerate(("A", "B")):
+            side = row[v.lower()]
+            runs = [x for x in side["runs"] if isinstance(x, int | float)]
+            est = side["estimate"] or 0
+            err = [[est - min(runs, default=est)], [max(runs, default=est) - est]]
+            ax.bar(i + (j - 0.5) * 0.38, est, 0.36, color=COLORS[v], yerr=err, capsize=3,
+                   label=labels[v] if i == 0 else None)
+        if row["ratio"]:
+            ax.annotate(f"{row['ratio']:.2f}× {row['mark']}\n[{row['ci_low']:.2f}, {row['ci_high']:.2f}]",
+                        (i, ax.get_ylim()[1] * 0.02), ha="center", fontsize=7, color="white")
+    ax.set_xticks(range(len(rows)), [f"{c}\n{m}" for c, m in zip(rows["cell_id"], rows["metric"],
+                                                                   strict=False)], fontsize=7)
+    ax.set_ylabel("tokens/s (whiskers: run min–max)")
+    ax.set_title("Throughput per cell, B/A ratio with 95 % CI")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def decode_scaling(runs: pd.DataFrame, labels: dict[str, str]) -> Figure:
+    """System decode tok/s and TPOT against concurrency, one line per arm, every run as a dot."""
+    d = runs[runs["kind"] == "decode"]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for ax, metric, unit in ((axes[0], "decode_tok_s", "decode tok/s (window)"),
+                             (axes[1], "mean_tpot_ms", "mean TPOT (ms)")):
+        for v in ("A", "B"):
+            sub = d[d["variant"] == v]
+            if sub.empty or metric not in sub:
+                continue
+            ax.scatter(sub["concurrency"], sub[metric], color=COLORS[v], alpha=0.5, s=14)
+            mean = sub.groupby("concurrency")[metric].mean()
+            ax.plot(mean.index, mean.values, "-o", color=COLORS[v], label=labels[v])
+        ax.set_xlabel("concurrency C")
+        ax.set_ylabel(unit)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle("Decode scaling by concurrency")
+    fig.tight_layout()
+    return fig
+
+
+def prefill_by_isl(runs: pd.DataFrame, labels: dict[str, str]) -> Figure:
+    """Median TTFT and prefill tok/s against prompt length (C=1 cold prefill and TTFT cells)."""
+    d = runs[runs["kind"].isin(["prefill-cold", "ttft"]) & (runs["concurrency"] == 1)]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for ax, metric, unit in ((axes[0], "median_ttft_ms", "median TTFT (ms)"),
+                             (axes[1], "prefill_tok_s", "prefill tok/s (ISL / server TTFT)")):
+        for v in ("A", "B"):
+            sub = d[d["variant"] == v]
+            if sub.empty or metric not in sub:
+                continue
+            ax.scatter(sub["isl"], sub[metric], color=COLORS[v], alpha=0.5, s=14)
+            mean = sub.groupby("isl")[metric].mean()
+            ax.plot(mean.index, mean.values, "-o", color=COLORS[v], label=labels[v])
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("prompt length (tokens)")
+        ax.set_ylabel(unit)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle("Prefill by prompt length")
+    fig.tight_layout()
+    return fig
+
+
+def nll_deltas(numerics: pd.DataFrame) -> Figure:
+    """|ΔNLL| per position (mean and max) for A/B pairs next to the A/A noise pairs."""
+    fig, ax = plt.subplots(figsize=(7, 4))
+    labels, means, maxes = [], [], []
+    for _, num in numerics[numerics["kind"] == "nll"].iterrows():
+        for kind in ("ab", "aa"):
+            for item in num[kind]:
+                labels.append(f"{num['cell_id']}\n{kind.upper()} {item['pair']}")
+                means.append(item["dnll_abs_mean"])
+                maxes.append(item["dnll_abs_max"])
+    x = range(len(labels))
+    ax.bar([i - 0.2 for i in x], means, 0.4, label="mean |ΔNLL|")
+    ax.bar([i + 0.2 for i in x], maxes, 0.4, label="max |ΔNLL|")
+    ax.set_xticks(list(x), labels, fontsize=7)
+    ax.set_ylabel("nats per token")
+    ax.set_title("Prompt-logprob deltas (A/B vs A/A)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def save(fig: Figure, out: Path, name: str) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / f"{name}.png", out / f"{name}.svg"]
+    fig.savefig(paths[0], dpi=120, metadata={"Software": None})
+    fig.savefig(paths[1], metadata={"Date": None})
+    plt.close(fig)
+    return paths
+
+
+def charts_for_run(run_dir: Path, out: Path) -> list[Path]:
+    summary, ab = read_json(run_dir / "summary.json"), read_json(run_dir / "ab.json")
+    runs, rows, labels = runs_frame(summary), ab_frame(ab), _labels(summary)
+    written: list[Path] = []
+    if not rows.empty and rows["metric"].isin(["prefill_tok_s", "decode_tok_s"]).any():
+        written += save(throughput_ab(rows, labels), out, "throughput_ab")
+    if not runs.empty and (runs["kind"] == "decode").any():
+        written += save(decode_scaling(runs, labels), out, "decode_scaling")
+    if not runs.empty and runs["kind"].isin(["prefill-cold", "ttft"]).any():
+        written += save(prefill_by_isl(runs, labels), out, "prefill_by_isl")
+    numerics = pd.DataFrame(ab["numerics"])
+    if not numerics.empty and any(len(x) for x in numerics.get("ab", [])):
+        written += save(nll_deltas(numerics), out, "nll_deltas")
+    return written
+
+
+def all_charts(results: Path, charts: Path) -> list[Path]:
+    written: list[Path] = []
+    for summary in sorted(results.rglob("summary.json")):
+        run_dir = summary.parent
+        if (run_dir / "manifest.json").exists() and (run_dir / "ab.json").exists():
+            written += charts_for_run(run_dir, charts / run_dir.relative_to(results))
+    return written

@@ -1,0 +1,138 @@
+"""Metric definitions (HARNESS.md §3), declared once; integers in ns inside, ms/s only on output.
+
+t0 = t_send_ns, τ_j = event_times_ns[j] (content events, stamped on read), k_j = tokens in event j,
+N = usage.completion_tokens, m = number of content events.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import statistics
+from dataclasses import dataclass
+
+from deepinfer_harness.looplag import percentile
+from deepinfer_harness.records import RequestRecord
+
+
+@dataclass(frozen=True)
+class Metric:
+    name: str
+    higher_is_better: bool
+    doc: str
+
+
+METRICS = {m.name: m for m in [
+    Metric("ttft_ms", False, "τ1 − t0"),
+    Metric("e2el_ms", False, "τm − t0 (usage event excluded)"),
+    Metric("tpot_ms", False, "(τm − τ1)/(N − 1), N ≥ 2"),
+    Metric("itl_ms", False, "τj − τj−1, j ≥ 2: the step latency under speculative decoding"),
+    Metric("itl_per_token_ms", False, "each gap_j/k_j repeated k_j times; a derived view"),
+    Metric("decode_tok_s", True, "cell: in-window tokens (first event of each request excluded) / window"),
+    Metric("decode_steps_per_s", True, "cell: in-window content events (first excluded) / window"),
+    Metric("mean_tokens_per_chunk", True, "in-window tokens / in-window events = acceptance length seen"),
+    Metric("prefill_tok_s", True, "ISL / server time_to_first_token_ms"),
+    Metric("client_prefill_tok_s", True, "ISL / client TTFT"),
+    Metric("spec_decode_acceptance_length", True, "1 + ΔA/ΔD from the Prometheus counters"),
+    Metric("nll_mean", False, "mean over docs of mean −logprob(actual token), positions 1…n−1"),
+    Metric("frontend_overhead_ms", False, "ttft − queue_time_ms − server time_to_first_token_ms"),
+]}
+
+
+def ttft_ns(r: RequestRecord) -> int | None:
+    return r.event_times_ns[0] - r.t_send_ns if r.event_times_ns else None
+
+
+def e2el_ns(r: RequestRecord) -> int | None:
+    return r.event_times_ns[-1] - r.t_send_ns if r.event_times_ns else None
+
+
+def tpot_ns(r: RequestRecord) -> float | None:
+    n = r.output_tokens
+    if not r.event_times_ns or n is None or n < 2:
+        return None
+    return (r.event_times_ns[-1] - r.event_times_ns[0]) / (n - 1)
+
+
+def gaps_ns(r: RequestRecord) -> list[int]:
+    t = r.event_times_ns
+    return [b - a for a, b in itertools.pairwise(t)]
+
+
+def itl_per_token_ns(r: RequestRecord) -> list[float]:
+    out: list[float] = []
+    for gap, k in zip(gaps_ns(r), r.tokens_per_chunk[1:], strict=False):
+        k = k or 1
+        out.extend([gap / k] * k)
+    return out
+
+
+def stream_decode_rates(r: RequestRecord) -> dict[str, float] | None:
+    """Per request: decode_tok_s = (N − k1)/(τm − τ1) = step_rate × tokens_per_step."""
+    m, n = len(r.event_times_ns), r.output_tokens
+    if m < 2 or n is None:
+        return None
+    span_s = (r.event_times_ns[-1] - r.event_times_ns[0]) / 1e9
+    k1 = r.tokens_per_chunk[0] or 1
+    if span_s <= 0:
+        return None
+    return {"decode_tok_s": (n - k1) / span_s, "step_rate": (m - 1) / span_s,
+            "tokens_per_step": (n - k1) / (m - 1)}
+
+
+def server_ttft_ms(r: RequestRecord) -> float | None:
+    return (r.server_metrics or {}).get("time_to_first_token_ms")
+
+
+def frontend_overhead_ms(r: RequestRecord) -> float | None:
+    server, t = r.server_metrics or {}, ttft_ns(r)
+    if t is None or "time_to_first_token_ms" not in server or "queue_time_ms" not in server:
+        return None
+    return t / 1e6 - server["queue_time_ms"] - server["time_to_first_token_ms"]
+
+
+def window_counts(records: list[RequestRecord], t_open_ns: int, t_close_ns: int) -> tuple[int, int]:
+    """(tokens, events) of content events inside [t_open, t_close], each request's first event excluded."""
+    tokens = events = 0
+    for r in records:
+        for t, k in zip(r.event_times_ns[1:], r.tokens_per_chunk[1:], strict=False):
+            if t_open_ns <= t <= t_close_ns:
+                tokens += k or 1
+                events += 1
+    return tokens, events
+
+
+def inflight_fraction(records: list[RequestRecord], target: int, t_open_ns: int, t_close_ns: int) -> float:
+    """Share of the window during which exactly `target` requests were in flight."""
+    edges: list[tuple[int, int]] = []
+    for r in records:
+        lo, hi = max(r.t_send_ns, t_open_ns), min(r.t_end_ns, t_close_ns)
+        if lo < hi:
+            edges += [(lo, 1), (hi, -1)]
+    edges.sort()
+    level, last, at_target = 0, t_open_ns, 0
+    for t, step in edges:
+        if level >= target:
+            at_target += t - last
+        level, last = level + step, t
+    if level >= target:
+        at_target += t_close_ns - last
+    span = t_close_ns - t_open_ns
+    return at_target / span if span > 0 else 0.0
+
+
+def describe_ms(name: str, values_ns: list[float]) -> dict[str, float]:
+    """vLLM bench summary names for one latency metric, in ms."""
+    ms = [v / 1e6 for v in values_ns]
+    if not ms:
+        return {}
+    return {f"mean_{name}_ms": statistics.fmean(ms), f"median_{name}_ms": statistics.median(ms),
+            f"std_{name}_ms": statistics.pstdev(ms) if len(ms) > 1 else 0.0,
+            **{f"p{q}_{name}_ms": percentile(ms, q) for q in (50, 90, 99)}}
+
+
+def nll_of(lp: list[float | None]) -> float:
+    """Document NLL = mean −logprob; NaN if any position is missing or non-finite."""
+    if not lp or any(x is None or not math.isfinite(x) for x in lp):
+        return float("nan")
+    return -statistics.fmean(lp)

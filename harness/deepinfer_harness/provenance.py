@@ -1,0 +1,107 @@
+"""Per-session provenance (version, config hash, KV capacity, GPUs, image) and the shared prompt corpus.
+
+Everything here is read from the server (/version, /server_info in dev mode, /metrics
+`cache_config_info`, the startup log) or the host (`nvidia-smi`, `docker image inspect`) and goes
+into manifest.json, where the parity certificate compares the two arms.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from deepinfer_harness.client import get_json, get_text
+from deepinfer_harness.prompts import CANARY, TokenCorpus, corpus_text, text_sha256
+from deepinfer_harness.promtext import parse_metrics
+from deepinfer_harness.server import ServerHandle
+
+ENV_PREFIXES = ("VLLM_", "CUDA_", "NCCL_", "TORCH_", "TRITON_", "PYTORCH_")
+GPU_FIELDS = ("name,driver_version,vbios_version,persistence_mode,ecc.mode.current,mig.mode.current,"
+              "clocks.sm,clocks.applications.graphics,power.limit,temperature.gpu,"
+              "clocks_throttle_reasons.active")
+VOLATILE_CONFIG = {"instance_id"}  # random per start; everything else in vllm_config must match
+PIP_KEEP = ("vllm", "torch", "triton", "nvidia-nccl", "flashinfer", "tilelang", "deepinfer")
+
+
+def gpu_facts() -> list[dict[str, str]]:
+    """One dict per GPU from nvidia-smi, or [] where there is none (field names [unverified])."""
+    if not shutil.which("nvidia-smi"):
+        return []
+    res = subprocess.run(["nvidia-smi", f"--query-gpu={GPU_FIELDS}", "--format=csv,noheader"],
+                         capture_output=True, text=True, check=False)
+    keys = GPU_FIELDS.split(",")
+    return [dict(zip(keys, (v.strip() for v in line.split(",")), strict=False))
+            for line in res.stdout.splitlines() if line.strip()]
+
+
+def image_facts(image: str) -> dict[str, Any]:
+    if not shutil.which("docker"):
+        return {}
+    res = subprocess.run(["docker", "image", "inspect", image], capture_output=True, text=True, check=False)
+    if res.returncode != 0:
+        return {}
+    info = json.loads(res.stdout)[0]
+    return {"image_digest": (info.get("RepoDigests") or [info.get("Id")])[0],
+            "image_labels": (info.get("Config") or {}).get("Labels") or {}}
+
+
+def client_env() -> dict[str, str]:
+    return {k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES)}
+
+
+async def collect_variant(http: aiohttp.ClientSession, handle: ServerHandle, model: str) -> dict[str, Any]:
+    base = handle.base_url
+    facts: dict[str, Any] = {"served_model": model, **handle.log_facts()}
+    try:
+        facts["vllm_version"] = (await get_json(http, f"{base}/version")).get("version")
+    except (aiohttp.ClientError, OSError):
+        facts["vllm_version"] = None
+    try:
+        info = await get_json(http, f"{base}/server_info?config_format=json")
+        config = {k: v for k, v in (info.get("vllm_config") or {}).items() if k not in VOLATILE_CONFIG}
+        facts["server_info_sha256"] = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()
+        env = info.get("system_env") or {}
+        facts["nvidia_driver_version"] = env.get("nvidia_driver_version")
+        pip = str(env.get("pip_packages") or "")
+        facts["pip_packages"] = [ln for ln in pip.splitlines() if ln.lower().startswith(PIP_KEEP)]
+        facts["server_env"] = {k: v for k, v in sorted((info.get("vllm_env") or {}).items())
+                               if k.startswith(ENV_PREFIXES)}
+    except (aiohttp.ClientError, OSError, ValueError):
+        facts["server_info_sha256"] = None  # dev mode off: recorded as unknown
+    try:
+        snap = parse_metrics(await get_text(http, f"{base}/metrics"))
+        facts["cache_config_info"] = snap.info.get("vllm:cache_config_info", {})
+    except (aiohttp.ClientError, OSError):
+        facts["cache_config_info"] = {}
+    facts["gpus"] = gpu_facts()
+    if handle.launch.kind == "docker":
+        image = handle.launch.argv[handle.launch.argv.index("--entrypoint") + 2]
+        facts |= image_facts(image)
+    return facts
+
+
+async def tokenize(http: aiohttp.ClientSession, base_url: str, model: str, text: str) -> list[int]:
+    body = {"model": model, "prompt": text, "add_special_tokens": False}
+    return list((await get_json(http, f"{base_url}/tokenize", "POST", body))["tokens"])
+
+
+async def ensure_corpus(http: aiohttp.ClientSession, base_url: str, model: str, path: Path) -> TokenCorpus:
+    """Tokenize the corpus once (first server) and store it; later sessions must reproduce the canary."""
+    canary = await tokenize(http, base_url, model, CANARY)
+    if path.exists():
+        corpus = TokenCorpus.load(path)
+        if corpus.canary_ids != canary:
+            raise RuntimeError(f"tokenizer drift: canary ids {canary[:8]}… != "
+                               f"stored {corpus.canary_ids[:8]}…")
+        return corpus
+    corpus = TokenCorpus(ids=await tokenize(http, base_url, model, corpus_text()), canary_ids=canary,
+                         text_sha256=text_sha256())
+    corpus.save(path)
+    return corpus

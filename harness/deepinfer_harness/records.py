@@ -1,0 +1,109 @@
+"""Per-request records and the append-only JSONL they live in (one line per finished request).
+
+Field names follow HARNESS.md §6: vLLM bench names (`ttft`, `latency`, `itl` in seconds) plus
+integer-nanosecond raw timing (`t_send_ns`, `event_times_ns`) that every metric is computed from.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+
+@dataclass
+class RequestRecord:
+    cell_id: str
+    variant: str
+    rep: int
+    session: int
+    index: int
+    worker: int = 0
+    phase: str = "measure"  # warmup | measure
+    request_id: str = ""
+    cache_salt: str = ""
+    prompt_sha256: str = ""
+    prompt_len: int = 0
+    max_tokens: int = 0
+    start_time: float = 0.0  # unix seconds at send
+    t_send_ns: int = 0  # perf_counter_ns just before the body is written
+    t_end_ns: int = 0
+    event_times_ns: list[int] = field(default_factory=list)  # content events, stamped on read
+    tokens_per_chunk: list[int | None] = field(default_factory=list)
+    events_per_read: list[int] = field(default_factory=list)
+    http_status: int = 0
+    done: bool = False  # saw data: [DONE]
+    error: str | None = None
+    finish_reason: str | None = None
+    prompt_tokens: int | None = None
+    output_tokens: int | None = None  # usage.completion_tokens
+    cached_tokens: int | None = None
+    output_token_ids: list[int] | None = None
+    server_metrics: dict[str, Any] | None = None
+    system_fingerprint: str | None = None
+    prompt_logprobs: dict[str, Any] | None = None  # nll cells: {lp, top1, rank} per position
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    @property
+    def ttft(self) -> float | None:
+        return (self.event_times_ns[0] - self.t_send_ns) / 1e9 if self.event_times_ns else None
+
+    @property
+    def latency(self) -> float | None:
+        return (self.event_times_ns[-1] - self.t_send_ns) / 1e9 if self.event_times_ns else None
+
+    @property
+    def itl(self) -> list[float]:
+        t = self.event_times_ns
+        return [(b - a) / 1e9 for a, b in itertools.pairwise(t)]
+
+    def to_json(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data |= {"ttft": self.ttft, "latency": self.latency, "itl": self.itl}
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RequestRecord:
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+class JsonlWriter:
+    """Appends one JSON line per record and flushes it, so a crash loses at most the request in flight."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._fh: TextIO = path.open("a", encoding="utf-8")
+
+    def write(self, record: RequestRecord) -> None:
+        self._fh.write(json.dumps(record.to_json(), separators=(",", ":")) + "\n")
+        self._fh.flush()
+
+    def close(self) -> None:
+        self._fh.close()
+
+    def __enter__(self) -> JsonlWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def read_records(path: Path) -> list[RequestRecord]:
+    """Records from a JSONL file; a torn last line (killed mid-write) is ignored."""
+    out = []
+    if not path.exists():
+        return out
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            out.append(RequestRecord.from_json(json.loads(line)))
+        except json.JSONDecodeError:
+            continue
+    return out

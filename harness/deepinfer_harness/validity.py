@@ -1,0 +1,110 @@
+"""Cell validity rules (HARNESS.md §4): any violation marks the run invalid; nothing is dropped.
+
+Rules checked here: failed/truncated/clamped requests, idle gate, foreign traffic, restarts,
+preemptions in a decode window, coldness, event-loop lag, leftover JIT in the first request,
+in-flight share of the decode window, prompt-logprob hard failures, server death. GPU clock and
+throttle rules need nvidia-smi facts and are listed under `not_checked` when absent.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any
+
+from deepinfer_harness.cells import Cell
+from deepinfer_harness.metrics import ttft_ns
+from deepinfer_harness.promtext import Snapshot, delta, restart_evidence
+from deepinfer_harness.records import RequestRecord
+
+PLP_FLOOR = -9999.0  # vLLM clamps -inf prompt logprobs to this value
+DECODE_COUNT_SLACK = 1  # per worker: a request may finish on the server just before a scrape
+
+
+def _request_violations(cell: Cell, records: list[RequestRecord]) -> list[str]:
+    out = []
+    for r in records:
+        tag = f"{r.phase} #{r.index}"
+        if not r.ok:
+            out.append(f"{tag}: {r.error}")
+            continue
+        if r.finish_reason != "length":
+            out.append(f"{tag}: finish_reason={r.finish_reason}")
+        if r.output_tokens != r.max_tokens:
+            out.append(f"{tag}: completion_tokens={r.output_tokens} != max_tokens={r.max_tokens} "
+                       "(silent clamp?)")
+        if r.prompt_tokens != r.prompt_len:
+            out.append(f"{tag}: prompt_tokens={r.prompt_tokens} != ISL {r.prompt_len}")
+        ks = [k for k in r.tokens_per_chunk if k is not None]
+        if len(ks) == len(r.tokens_per_chunk) and ks and sum(ks) != r.output_tokens:
+            out.append(f"{tag}: Σ tokens per chunk {sum(ks)} != completion_tokens {r.output_tokens}")
+        if cell.kind in ("prefill-cold", "ttft") and r.cached_tokens != 0:
+            out.append(f"{tag}: cached_tokens={r.cached_tokens} (not cold)")
+        if r.prompt_logprobs is not None:
+            lp = r.prompt_logprobs["lp"]
+            if r.prompt_logprobs["n"] != r.prompt_len:
+                out.append(f"{tag}: {r.prompt_logprobs['n']} prompt logprobs for {r.prompt_len} tokens")
+            bad = sum(1 for x in lp if x is None or not math.isfinite(x) or x <= PLP_FLOOR)
+            if bad:
+                out.append(f"{tag}: {bad} prompt logprobs null/NaN/-inf")
+    return out
+
+
+def _delta_violations(cell: Cell, measured: list[RequestRecord], d: dict[str, float]) -> list[str]:
+    out = []
+    success = sum(v for k, v in d.items() if k.startswith("vllm:request_success_total"))
+    sent_prompt = sum(r.prompt_tokens or r.prompt_len for r in measured)
+    if cell.kind == "decode":
+        slack = DECODE_COUNT_SLACK * cell.concurrency
+        if d.get("vllm:num_preemptions_total", 0) > 0:
+            out.append(f"{d['vllm:num_preemptions_total']:g} preemptions inside the decode window")
+        if success > len(measured) + slack:
+            out.append(f"foreign traffic: Δrequest_success={success:g} > {len(measured)} requests")
+        return out
+    if success != len(measured):
+        out.append(f"Δrequest_success_total={success:g} != {len(measured)} completed (foreign traffic?)")
+    if d.get("vllm:prompt_tokens_total", 0) != sent_prompt:
+        out.append(f"Δprompt_tokens_total={d.get('vllm:prompt_tokens_total', 0):g} != {sent_prompt} sent")
+    if cell.kind in ("prefill-cold", "ttft"):
+        by = "vllm:prompt_tokens_by_source_total{source=%s}"
+        for source in ("local_cache_hit", "external_kv_transfer"):
+            if d.get(by % source, 0):
+                out.append(f"coldness: Δ{by % source}={d[by % source]:g}")
+        if d.get("vllm:prompt_tokens_cached_total", 0):
+            out.append(f"coldness: Δprompt_tokens_cached_total={d['vllm:prompt_tokens_cached_total']:g}")
+        if d.get(by % "local_compute", 0) != sent_prompt:
+            out.append(f"coldness: Δlocal_compute={d.get(by % 'local_compute', 0):g} != {sent_prompt}")
+    return out
+
+
+def check_run(cell: Cell, records: list[RequestRecord], measured: list[RequestRecord], facts: dict[str, Any],
+              before: Snapshot, after: Snapshot, summary: dict[str, Any],
+              limits: dict[str, float]) -> dict[str, Any]:
+    violations = list(facts.get("violations", []))
+    not_checked = ["gpu clocks/throttle (no nvidia-smi facts)"] if not facts.get("gpus") else []
+    if not records:
+        violations.append("no requests recorded")
+    violations += _request_violations(cell, records)
+    if not before.values or not after.values:
+        violations.append("metrics snapshots missing")
+    else:
+        violations += [f"restart: {e}" for e in restart_evidence(before, after)]
+        violations += _delta_violations(cell, [r for r in measured if r.ok], delta(before, after))
+    lag = facts.get("loop_lag", {})
+    if lag.get("loop_lag_p99_ms", 0) > limits["loop_lag_p99_ms"]:
+        violations.append(f"event-loop lag p99 {lag['loop_lag_p99_ms']:.1f} ms > {limits['loop_lag_p99_ms']}")
+    if lag.get("loop_lag_max_ms", 0) > limits["loop_lag_max_ms"]:
+        violations.append(f"event-loop lag max {lag['loop_lag_max_ms']:.1f} ms > {limits['loop_lag_max_ms']}")
+    if cell.kind in ("prefill-cold", "ttft"):
+        ttfts = [t for r in measured if r.ok and (t := ttft_ns(r)) is not None]
+        if len(ttfts) >= 3 and ttfts[0] > limits["first_request_factor"] * statistics.median(ttfts):
+            violations.append(f"first measured TTFT {ttfts[0] / 1e6:.1f} ms > "
+                              f"{limits['first_request_factor']}× median (leftover JIT?)")
+    if cell.kind == "decode":
+        share = summary.get("inflight_fraction")
+        if share is None:
+            violations.append("decode window never opened")
+        elif share < limits["inflight_fraction"]:
+            violations.append(f"in-flight = C for {100 * share:.0f}% of the window < "
+                              f"{100 * limits['inflight_fraction']:.0f}%")
+    return {"valid": not violations, "violations": violations, "not_checked": not_checked}

@@ -1,0 +1,196 @@
+"""A small fake vLLM OpenAI server for harness tests, run as a subprocess (`python fakeserver.py`).
+
+It prints its port on stdout once listening. Behaviour is set with POST /fake/config (JSON):
+  tokens_per_chunk (int), step_ms, ttft_ms, max_model_len, mode, fail_after_events,
+  restart_after_requests. Modes: normal | error_after_200 | truncate | nan_logprobs.
+Metrics mimic vLLM's names (counters with _total and _created), so restart detection works.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import time
+
+from aiohttp import web
+
+DEFAULT = {"tokens_per_chunk": 1, "step_ms": 1.0, "ttft_ms": 2.0, "max_model_len": 1_100_000,
+           "mode": "normal", "fail_after_events": 2, "restart_after_requests": -1, "vocab": 1000}
+
+
+class State:
+    def __init__(self) -> None:
+        self.cfg = dict(DEFAULT)
+        self.reset_counters()
+        self.running = 0
+
+    def reset_counters(self) -> None:
+        self.created = time.time()
+        self.c = {"prompt_tokens": 0, "success": 0, "generation": 0, "drafts": 0, "draft_tokens": 0,
+                  "accepted": 0, "requests_seen": 0}
+
+
+def _event(obj: dict) -> bytes:
+    return b"data: " + json.dumps(obj).encode() + b"\n\n"
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    st: State = request.app["state"]
+    body = await request.json()
+    cfg = st.cfg
+    st.c["requests_seen"] += 1
+    if cfg["restart_after_requests"] >= 0 and st.c["requests_seen"] > cfg["restart_after_requests"]:
+        st.reset_counters()
+        cfg["restart_after_requests"] = -1
+    prompt = body["prompt"]
+    if not isinstance(prompt, list):
+        prompt = [hash(w) % cfg["vocab"] for w in str(prompt).split()]
+    max_tokens = min(body.get("max_tokens", 16), cfg["max_model_len"] - len(prompt))  # the silent clamp
+    if "prompt_logprobs" in body and not body.get("stream"):
+        return _prompt_logprobs(st, prompt, body)
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await resp.prepare(request)
+    st.running += 1
+    try:
+        await asyncio.sleep(cfg["ttft_ms"] / 1e3)
+        sent, events, k = 0, 0, max(1, int(cfg["tokens_per_chunk"]))
+        while sent < max_tokens:
+            n = min(k, max_tokens - sent)
+            ids = [(sent + j + len(prompt)) % cfg["vocab"] for j in range(n)]
+            finish = "length" if sent + n == max_tokens else None
+            choice = {"index": 0, "text": "x" * n, "finish_reason": finish,
+                      "token_ids": ids if body.get("return_token_ids") else None}
+            if events == 0 and body.get("return_token_ids"):
+                choice["prompt_token_ids"] = prompt
+            await resp.write(_event({"id": "cmpl-x", "choices": [choice]}))
+            sent += n
+            events += 1
+            st.c["generation"] += n
+            if events > 1:
+                st.c["drafts"] += 1
+                st.c["draft_tokens"] += 5
+                st.c["accepted"] += n - 1
+            if cfg["mode"] == "error_after_200" and events == cfg["fail_after_events"]:
+                await resp.write(_event({"error": {"message": "engine failed", "type": "InternalError",
+                                                   "param": None, "code": 500}}))
+                await resp.write(b"data: [DONE]\n\n")
+                return resp
+            if cfg["mode"] == "truncate" and events == cfg["fail_after_events"]:
+                request.transport.close()
+                return resp
+            await asyncio.sleep(cfg["step_ms"] / 1e3)
+        st.c["prompt_tokens"] += len(prompt)
+        st.c["success"] += 1
+        usage = {"prompt_tokens": len(prompt), "completion_tokens": sent, "total_tokens": len(prompt) + sent,
+                 "prompt_tokens_details": {"cached_tokens": 0}}
+        metrics = {"time_to_first_token_ms": cfg["ttft_ms"], "queue_time_ms": 0.01,
+                   "generation_time_ms": cfg["step_ms"] * events}
+        await resp.write(_event({"id": "cmpl-x", "choices": [], "usage": usage,
+                                 "system_fingerprint": "vllm-0.32.0-fake0001", "metrics": metrics}))
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+    finally:
+        st.running -= 1
+
+
+def _prompt_logprobs(st: State, prompt: list[int], body: dict) -> web.Response:
+    entries: list = [None]
+    for i, tok in enumerate(prompt[1:], start=1):
+        lp = -9999.0 if st.cfg["mode"] == "nan_logprobs" and i == 2 else -0.5 - (i % 3) * 0.1
+        top = {str(tok): {"logprob": lp, "rank": 1 if i % 2 else 2, "decoded_token": "t"}}
+        if i % 2 == 0:
+            top[str((tok + 1) % st.cfg["vocab"])] = {"logprob": -0.1, "rank": 1, "decoded_token": "u"}
+        entries.append(top)
+    st.c["prompt_tokens"] += len(prompt)
+    st.c["success"] += 1
+    return web.json_response({
+        "id": "cmpl-x", "choices": [{"index": 0, "text": "x", "token_ids": None, "finish_reason": "length",
+                                     "prompt_logprobs": entries}],
+        "usage": {"prompt_tokens": len(prompt), "completion_tokens": 1,
+                  "prompt_tokens_details": {"cached_tokens": 0}},
+        "system_fingerprint": "vllm-0.32.0-fake0001", "metrics": {"time_to_first_token_ms": 1.0,
+                                                                  "queue_time_ms": 0.01}})
+
+
+async def metrics(request: web.Request) -> web.Response:
+    st: State = request.app["state"]
+    c, t, lab = st.c, st.created, 'engine="0",model_name="fake"'
+    lines = []
+
+    def counter(name: str, value: float, extra: str = "") -> None:
+        labels = lab + ("," + extra if extra else "")
+        lines.append(f"# TYPE vllm:{name} counter")
+        lines.append(f"vllm:{name}_total{{{labels}}} {value}")
+        lines.append(f"vllm:{name}_created{{{labels}}} {t}")
+
+    counter("prompt_tokens", c["prompt_tokens"])
+    lines.append("# TYPE vllm:prompt_tokens_by_source counter")
+    sources = (("local_compute", c["prompt_tokens"]), ("local_cache_hit", 0), ("external_kv_transfer", 0))
+    for source, v in sources:
+        lines.append(f'vllm:prompt_tokens_by_source_total{{{lab},source="{source}"}} {v}')
+    counter("prompt_tokens_cached", 0)
+    counter("generation_tokens", c["generation"])
+    lines.append("# TYPE vllm:request_success counter")
+    lines.append(f'vllm:request_success_total{{{lab},finished_reason="length"}} {c["success"]}')
+    counter("num_preemptions", 0)
+    counter("spec_decode_num_drafts", c["drafts"])
+    counter("spec_decode_num_draft_tokens", c["draft_tokens"])
+    counter("spec_decode_num_accepted_tokens", c["accepted"])
+    lines.append("# TYPE vllm:num_requests_running gauge")
+    lines.append(f"vllm:num_requests_running{{{lab}}} {st.running}")
+    lines.append("# TYPE vllm:num_requests_waiting gauge")
+    lines.append(f"vllm:num_requests_waiting{{{lab}}} 0")
+    lines.append("# TYPE vllm:cache_config_info gauge")
+    lines.append(f'vllm:cache_config_info{{{lab},block_size="16",kv_cache_size_tokens="4096"}} 1.0')
+    return web.Response(text="\n".join(lines) + "\n")
+
+
+async def tokenize(request: web.Request) -> web.Response:
+    st: State = request.app["state"]
+    body = await request.json()
+    ids = [sum(map(ord, w)) % st.cfg["vocab"] for w in body["prompt"].split()]
+    return web.json_response({"count": len(ids), "max_model_len": st.cfg["max_model_len"], "tokens": ids})
+
+
+async def configure(request: web.Request) -> web.Response:
+    st: State = request.app["state"]
+    update = await request.json()
+    if update.pop("reset", False):
+        st.cfg = dict(DEFAULT)
+        st.reset_counters()
+    st.cfg.update(update)
+    return web.json_response(st.cfg)
+
+
+def app() -> web.Application:
+    application = web.Application(client_max_size=64 * 1024 * 1024)
+    application["state"] = State()
+    application.router.add_post("/v1/completions", completions)
+    application.router.add_get("/metrics", metrics)
+    application.router.add_post("/tokenize", tokenize)
+    application.router.add_post("/fake/config", configure)
+    application.router.add_get("/health", lambda _r: _ok(web.Response()))
+    application.router.add_get("/version", lambda _r: _ok(web.json_response({"version": "0.32.0"})))
+    application.router.add_get("/v1/models", lambda _r: _ok(web.json_response({"data": [{"id": "fake"}]})))
+    return application
+
+
+async def _ok(resp: web.Response) -> web.Response:
+    return resp
+
+
+async def main() -> None:
+    runner = web.AppRunner(app())
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", int(sys.argv[1]) if len(sys.argv) > 1 else 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]
+    print(port, flush=True)
+    await asyncio.Event().wait()
+
+
+if __name__ == "__main__":
+    os.nice(10)  # the client under test, not this fake, gets the CPU when both want it
+    asyncio.run(main())

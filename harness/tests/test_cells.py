@@ -1,0 +1,52 @@
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from deepinfer_harness.cells import KINDS, Cell, format_cell, format_size, parse_cell, parse_size
+
+sizes = st.integers(min_value=1, max_value=2_000_000) | st.integers(1, 2048).map(lambda k: k * 1024)
+
+
+@st.composite
+def cells(draw):
+    kind = draw(st.sampled_from(KINDS))
+    isl = draw(sizes)
+    if kind in ("decode", "greedy"):
+        return Cell(kind, isl, draw(sizes), draw(st.integers(1, 64)))
+    if kind == "nll":
+        return Cell(kind, isl)
+    return Cell(kind, isl, 1, draw(st.integers(1, 64)))
+
+
+@given(cells())
+def test_round_trip(cell):
+    assert parse_cell(format_cell(cell)) == cell
+
+
+@pytest.mark.parametrize("cell_id, cell", [
+    ("prefill-cold-i64k", Cell("prefill-cold", 65536)),
+    ("prefill-cold-i162k-c4", Cell("prefill-cold", 162 * 1024, 1, 4)),
+    ("ttft-i1k-c1", Cell("ttft", 1024)),
+    ("decode-i1k-o256-c8", Cell("decode", 1024, 256, 8)),
+    ("decode-i3000-o512-c12", Cell("decode", 3000, 512, 12)),
+    ("nll-i4k", Cell("nll", 4096)),
+    ("greedy-i2k-o256-c12", Cell("greedy", 2048, 256, 12)),
+])
+def test_known_ids(cell_id, cell):
+    assert parse_cell(cell_id) == cell
+    assert format_cell(cell) == cell_id
+
+
+@pytest.mark.parametrize("bad", ["prefill-i64k", "decode-i1k-c8", "nll-i0", "decode-i1024-o256-c8",
+                                 "prefill-cold-i64k-c1", "ttft-i1k", "nll-i4k-c2", ""])
+def test_rejects_bad_or_non_canonical_ids(bad):
+    with pytest.raises(ValueError):
+        parse_cell(bad)
+
+
+def test_sizes():
+    assert format_size(1024) == "1k"
+    assert format_size(1000) == "1000"
+    assert parse_size("649k") == 664576
+    with pytest.raises(ValueError):
+        Cell("prefill-cold", 1024, 2)

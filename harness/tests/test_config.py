@@ -1,0 +1,85 @@
+import shlex
+import sys
+
+import pytest
+
+from deepinfer_harness.config import PROFILE_DIR, ConfigError, load_profile
+from deepinfer_harness.launch import build_launch
+from deepinfer_harness.topology import legal_partitions, partition_error
+
+REAL = ["ga100x8-tp4pp2", "a100x8-tp8", "a800x16-tp8pp2"]
+
+
+@pytest.mark.parametrize("name", ["smoke", *REAL])
+def test_profiles_load(name):
+    profile = load_profile(name)
+    assert profile.name == name
+    if name != "smoke":
+        assert profile.kv_cache_dtype == "fp8_ds_mla"
+        assert profile.speculative == {"method": "dspark", "num_speculative_tokens": 5}
+        assert profile.max_model_len == 1048576
+
+
+def test_six_gpu_partition_is_flagged_with_legal_alternatives():
+    with pytest.raises(ConfigError) as err:
+        load_profile("ga100x6-tp2pp3")
+    msg = str(err.value)
+    assert "14,14,12" in msg and "20–39" in msg and "8,12,20" in msg
+    fixed = load_profile("ga100x6-tp2pp3", ["topology.pp_partition=[8,12,20]"])
+    assert fixed.topology.pp_partition == [8, 12, 20]
+
+
+def test_partition_rules():
+    groups = ((2, 7), (8, 13), (14, 19), (20, 39))
+    assert partition_error([20, 20], 2, 40, groups) is None
+    assert "boundary at layer 28" in partition_error([14, 14, 12], 3, 40, groups)
+    assert "sums to" in partition_error([20, 19], 2, 40, groups)
+    for p in legal_partitions(40, 3, groups):
+        assert partition_error(p, 3, 40, groups) is None
+
+
+def test_overrides_and_validation():
+    assert load_profile("smoke", ["plan.decode.window_s=7.5"]).plan.decode.window_s == 7.5
+    with pytest.raises(ConfigError, match="unknown keys"):
+        load_profile("smoke", ["plan.decode.windw_s=1"])
+    with pytest.raises(ConfigError, match="silently clamp"):
+        load_profile("smoke", ["max_model_len=512"])
+    with pytest.raises(ConfigError, match="max-num-seqs"):
+        load_profile("smoke", ["plan.decode.concurrencies=[1,32]"])
+    with pytest.raises(ConfigError, match="no profile"):
+        load_profile("nope")
+    assert sorted(p.stem for p in PROFILE_DIR.glob("*.yaml")) == sorted(["smoke", "ga100x6-tp2pp3", *REAL])
+
+
+def test_docker_command_line_is_exact():
+    profile = load_profile("ga100x8-tp4pp2")
+    launch = build_launch(profile, "B", "/models/v41", "run1", 2)
+    assert launch.kind == "docker"
+    expected = (
+        "docker run --rm --name deepinfer-bench-run1-b2 --gpus all --ipc=host --network=host "
+        "-v /models/v41:/models/v41:ro -e VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 -e VLLM_PP_LAYER_PARTITION=20,20 "
+        "-e VLLM_SERVER_DEV_MODE=1 --entrypoint python3 deepinfer-sm80:deepinfer "
+        "-m vllm.entrypoints.openai.api_server --model /models/v41 --host 127.0.0.1 --port 8000 "
+        "--max-model-len 1048576 --tensor-parallel-size 4 --pipeline-parallel-size 2 "
+        "--kv-cache-dtype fp8_ds_mla "
+        "--speculative-config '{\"method\": \"dspark\", \"num_speculative_tokens\": 5}' "
+        "--per-request-spec-decode-metrics summary --enable-prompt-tokens-details "
+        "--enable-per-request-metrics --stream-interval 1 --max-logprobs 20 --logprobs-mode raw_logprobs "
+        "--gpu-memory-utilization 0.95 --max-num-seqs 12 --max-num-batched-tokens 8192 --trust-remote-code")
+    assert shlex.join(launch.argv) == expected
+    assert launch.stop_argv == ["docker", "rm", "-f", "deepinfer-bench-run1-b2"]
+    assert build_launch(profile, "A", "/m", "r", 0).argv[launch.argv.index("--entrypoint") + 2] == \
+        "deepinfer-sm80:baseline"
+
+
+def test_local_and_url_launches():
+    smoke = load_profile("smoke")
+    a = build_launch(smoke, "A", "/tiny", "r", 0)
+    assert a.argv[:6] == ["nice", "-n", "10", sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
+    assert a.env["VLLM_CPU_KVCACHE_SPACE"] == "1" and a.base_url == "http://127.0.0.1:18100"
+    assert a.serve_args[a.serve_args.index("--dtype") + 1] == "float32"
+    multi = load_profile("a800x16-tp8pp2")
+    assert "--distributed-executor-backend" in build_launch(multi, "A", "/m", "r", 0).argv
+    url = load_profile("a800x16-tp8pp2", ["server.mode=url", "server.urls={A: 'http://h:1/', B: 'http://h:2'}"])
+    assert build_launch(url, "A", "/m", "r", 0).base_url == "http://h:1"
+    assert build_launch(url, "B", "/m", "r", 0).argv == []

@@ -1,0 +1,103 @@
+import math
+
+import numpy as np
+import pytest
+
+from deepinfer_harness.metrics import (
+    frontend_overhead_ms,
+    gaps_ns,
+    inflight_fraction,
+    itl_per_token_ns,
+    stream_decode_rates,
+    tpot_ns,
+    ttft_ns,
+    window_counts,
+)
+from deepinfer_harness.records import RequestRecord
+from deepinfer_harness.stats import bootstrap_ratio, mark, mde, noise_floor, pairs_needed
+from deepinfer_harness.summarize import spec_decode
+
+MS = 1_000_000
+
+
+def rec(times_ms, ks, n, t_send_ms=0, t_end_ms=None, **kw):
+    return RequestRecord(cell_id="decode-i1k-o8-c1", variant="A", rep=0, session=0, index=0,
+                         t_send_ns=t_send_ms * MS, event_times_ns=[t * MS for t in times_ms],
+                         tokens_per_chunk=ks, output_tokens=n, max_tokens=n,
+                         t_end_ns=(t_end_ms if t_end_ms is not None else times_ms[-1]) * MS, **kw)
+
+
+def test_per_request_formulas_by_hand():
+    # events at 100, 130, 170, 190 ms carrying 1, 3, 2, 2 tokens; N = 8
+    r = rec([100, 130, 170, 190], [1, 3, 2, 2], 8, t_send_ms=10)
+    assert ttft_ns(r) == 90 * MS
+    assert tpot_ns(r) == pytest.approx((190 - 100) / 7 * MS)
+    assert gaps_ns(r) == [30 * MS, 40 * MS, 20 * MS]
+    assert itl_per_token_ns(r) == pytest.approx([10 * MS] * 3 + [20 * MS] * 2 + [10 * MS] * 2)
+    assert sum(itl_per_token_ns(r)) / 7 == pytest.approx((190 - 100) / (8 - 1) * MS)
+    rates = stream_decode_rates(r)
+    assert rates["decode_tok_s"] == pytest.approx(7 / 0.090)
+    assert rates["step_rate"] == pytest.approx(3 / 0.090)
+    assert rates["tokens_per_step"] == pytest.approx(7 / 3)
+    assert rates["decode_tok_s"] == pytest.approx(rates["step_rate"] * rates["tokens_per_step"])
+
+
+def test_frontend_overhead():
+    r = rec([50], [1], 1, server_metrics={"time_to_first_token_ms": 30.0, "queue_time_ms": 5.0})
+    assert frontend_overhead_ms(r) == pytest.approx(15.0)
+
+
+def test_window_counts_exclude_first_event_and_outside():
+    a = rec([100, 200, 300, 400], [1, 2, 2, 2], 7)
+    b = rec([250, 350, 450], [1, 4, 4], 9)
+    tokens, events = window_counts([a, b], 150 * MS, 360 * MS)
+    # a: 200 (2) + 300 (2); b: first event 250 excluded, 350 (4)
+    assert (tokens, events) == (8, 3)
+
+
+def test_inflight_fraction():
+    a = rec([10], [1], 1, t_send_ms=0, t_end_ms=100)
+    b = rec([60], [1], 1, t_send_ms=50, t_end_ms=100)
+    assert inflight_fraction([a, b], 2, 0, 100 * MS) == pytest.approx(0.5)
+    assert inflight_fraction([a, b], 1, 0, 100 * MS) == pytest.approx(1.0)
+
+
+def test_spec_decode_from_counter_deltas():
+    d = {"vllm:spec_decode_num_drafts_total": 100.0, "vllm:spec_decode_num_draft_tokens_total": 500.0,
+         "vllm:spec_decode_num_accepted_tokens_total": 250.0,
+         **{f"vllm:spec_decode_num_accepted_tokens_per_pos_total{{position={i}}}": v
+            for i, v in enumerate([90.0, 70.0, 50.0, 30.0, 10.0])}}
+    s = spec_decode(d)
+    assert s["spec_decode_acceptance_length"] == pytest.approx(3.5)
+    assert s["spec_decode_acceptance_rate"] == pytest.approx(50.0)
+    assert s["spec_decode_per_position_acceptance_rates"] == pytest.approx([0.9, 0.7, 0.5, 0.3, 0.1])
+    assert s["spec_decode_conditional_acceptance_rates"] == pytest.approx([0.9, 7 / 9, 5 / 7, 3 / 5, 1 / 3])
+    assert spec_decode({}) == {}
+
+
+def test_bootstrap_recovers_a_known_ratio():
+    rng = np.random.default_rng(7)
+    a = rng.uniform(90, 110, size=200)
+    true_log_ratio, sigma = math.log(0.8), 0.05
+    b = a * np.exp(rng.normal(true_log_ratio, sigma, size=200))
+    ci = bootstrap_ratio(list(a), list(b), resamples=4000, seed=1)
+    assert ci.ci_low < 0.8 < ci.ci_high
+    half_width = (math.log(ci.ci_high) - math.log(ci.ci_low)) / 2
+    assert half_width == pytest.approx(1.96 * sigma / math.sqrt(200), rel=0.25)
+    small = bootstrap_ratio(list(a[:5]), list(b[:5]), resamples=4000, seed=1)  # percentile path
+    assert small.n_pairs == 5 and small.ci_low < small.ratio < small.ci_high
+
+
+def test_marks_and_power():
+    from deepinfer_harness.stats import RatioCI
+
+    assert mark(RatioCI(0.8, 0.78, 0.82, 6), True, 0.01, True, True) == "+"
+    assert mark(RatioCI(0.8, 0.78, 0.82, 6), False, 0.01, True, True) == "-"
+    assert mark(RatioCI(0.99, 0.97, 1.01, 6), True, 0.01, True, True) == "~"
+    assert mark(RatioCI(0.995, 0.994, 0.996, 6), True, 0.01, True, True) == "~"  # inside the A/A floor
+    assert mark(RatioCI(0.8, 0.78, 0.82, 6), True, 0.01, False, True) == "!"
+    assert mark(RatioCI(0.8, 0.78, 0.82, 6), True, 0.01, True, False) == "x"
+    assert noise_floor(RatioCI(1.0, math.exp(-0.02), math.exp(0.02), 4)) == pytest.approx(0.02)
+    assert pairs_needed(0.01, 0.02) == math.ceil((2.8 * 0.01 / math.log(1.02)) ** 2)
+    assert mde(np.array([0.01, -0.01, 0.02, -0.02]), 4) == pytest.approx(
+        math.expm1(2.8 * np.std([0.01, -0.01, 0.02, -0.02], ddof=1) / 2))

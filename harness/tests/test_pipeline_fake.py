@@ -1,0 +1,129 @@
+"""The whole CLI pipeline (run → summarize → tables → charts, resume, dry-run) against the fake server."""
+
+import json
+
+import yaml
+
+from deepinfer_harness import SCHEMA_VERSION
+from deepinfer_harness.cli import main
+from deepinfer_harness.layout import RunLayout, read_json
+
+PLAN = {
+    "prefill": {"isls": [256], "n": 3, "concurrent": [{"isl": 128, "c": 4, "n": 4}]},
+    "ttft_isls": [64], "ttft_n": 5,
+    "decode": {"isl": 64, "osl": 32, "concurrencies": [1, 4], "warmup_s": 0.1, "window_s": 0.4,
+               "min_steps": 10},
+    "nll": [{"isl": 64, "docs": 2}],
+    "greedy": {"isl": 32, "osl": 8, "concurrencies": [2], "n": 4},
+}
+
+
+def write_profile(tmp_path, url, **extra):
+    profile = {"name": "fake", "served_model_name": "fake", "max_model_len": 4096,
+               "server": {"mode": "url", "urls": {"A": url, "B": url}}, "plan": PLAN,
+               "ab": {"repetitions": 1, "bootstrap_resamples": 500},
+               "validity": {"loop_lag_p99_ms": 50.0, "loop_lag_max_ms": 200.0, "inflight_fraction": 0.5}}
+    profile.update(extra)
+    path = tmp_path / "fake.yaml"
+    path.write_text(yaml.safe_dump(profile))
+    return path
+
+
+def bench(tmp_path, profile, *extra):
+    return main(["bench-ab", "--profile", str(profile), "--results", str(tmp_path / "results"),
+                 "--charts", str(tmp_path / "charts"), "--no-progress", *extra])
+
+
+def test_full_pipeline_resume_and_charts(fake, tmp_path, capsys):
+    profile = write_profile(tmp_path, fake.url)
+    assert bench(tmp_path, profile) == 0
+    layout = RunLayout(tmp_path / "results" / "fake")
+    summary = read_json(layout.summary)
+    assert summary["schema_version"] == SCHEMA_VERSION
+    assert summary["n_runs"] == 7 * 4  # 7 cells × (A r0, B r0, B r1, A r1)
+    assert summary["n_invalid"] == 0, [r["validity"] for r in summary["runs"] if not r["validity"]["valid"]]
+    manifest = read_json(layout.manifest)
+    assert [s["variant"] for s in manifest["schedule"]] == ["A", "B", "B", "A"]
+    assert manifest["parity"]["status"] == "ok", manifest["parity"]
+    assert {c["cell_id"] for c in manifest["cells"]} == {r["cell_id"] for r in summary["runs"]}
+    ab = read_json(layout.ab)
+    metrics = {(r["cell_id"], r["metric"]) for r in ab["rows"]}
+    assert ("decode-i64-o32-c4", "decode_tok_s") in metrics
+    assert ("prefill-cold-i256", "prefill_tok_s") in metrics
+    decode = next(r for r in ab["rows"] if r["metric"] == "decode_tok_s")
+    assert decode["ci_low"] <= decode["ratio"] <= decode["ci_high"] and decode["n_pairs"] == 2
+    assert set(decode["components"]) == {"step_rate_ratio", "acceptance_length_ratio"}
+    nll = next(n for n in ab["numerics"] if n["kind"] == "nll")
+    assert nll["ab"][0]["dnll_abs_max"] == 0.0 and nll["ab"][0]["top1_agreement"] == 1.0
+    greedy = next(n for n in ab["numerics"] if n["kind"] == "greedy")
+    assert greedy["ab"][0]["greedy_exact_match_rate"] == 1.0
+    for name in ("ab.md", "ab.csv", "runs.csv"):
+        assert (layout.root / name).stat().st_size > 0
+    charts = tmp_path / "charts" / "fake"
+    pngs = sorted(p.name for p in charts.glob("*.png"))
+    assert pngs == ["decode_scaling.png", "nll_deltas.png", "prefill_by_isl.png", "throughput_ab.png"]
+    assert all((charts / p.replace(".png", ".svg")).exists() for p in pngs)
+
+    # resume: nothing left to do, no request is sent again
+    lines = {p: len(p.read_text().splitlines()) for p in (layout.root / "cells").glob("*/*.jsonl")}
+    assert bench(tmp_path, profile) == 0
+    assert lines == {p: len(p.read_text().splitlines()) for p in (layout.root / "cells").glob("*/*.jsonl")}
+
+    # charts are regenerated from results only and are byte-identical
+    before = {p.name: p.read_bytes() for p in charts.iterdir()}
+    assert main(["charts", "--results", str(tmp_path / "results"), "--charts", str(tmp_path / "charts")]) == 0
+    assert before == {p.name: p.read_bytes() for p in charts.iterdir()}
+    assert "decode_tok_s" in capsys.readouterr().out
+
+
+def test_restart_mid_cell_is_invalid_then_rerun_on_resume(fake, tmp_path):
+    plan = {**PLAN, "decode": {**PLAN["decode"], "concurrencies": []}, "nll": [],
+            "greedy": {**PLAN["greedy"], "concurrencies": []}, "ttft_isls": [],
+            "prefill": {"isls": [256], "n": 3, "concurrent": []}}
+    profile = write_profile(tmp_path, fake.url, plan=plan)
+    fake.configure(restart_after_requests=2)  # the warmup and first measured request, then a "restart"
+    assert bench(tmp_path, profile, "--strict") == 3
+    layout = RunLayout(tmp_path / "results" / "fake")
+    first = read_json(layout.run_file("prefill-cold-i256", "A", 0, "summary.json"))
+    assert not first["validity"]["valid"]
+    assert any(v.startswith("restart") for v in first["validity"]["violations"])
+    assert len(layout.run_file("prefill-cold-i256", "A", 0, "jsonl").read_text().splitlines()) == 4
+    assert "!" in {r["mark"] for r in read_json(layout.ab)["rows"]}
+    assert bench(tmp_path, profile, "--strict") == 0  # resume re-runs only the invalid run
+    attempts = list((layout.cell_dir("prefill-cold-i256") / "attempts").glob("A.r0.a0.*"))
+    assert {p.name for p in attempts} >= {"A.r0.a0.jsonl", "A.r0.a0.summary.json"}
+    assert read_json(layout.run_file("prefill-cold-i256", "A", 0, "summary.json"))["validity"]["valid"]
+
+
+def test_changed_definitions_refuse_to_resume(fake, tmp_path, capsys):
+    plan = {**PLAN, "decode": {**PLAN["decode"], "concurrencies": []}, "nll": [],
+            "greedy": {**PLAN["greedy"], "concurrencies": []}, "ttft_isls": [],
+            "prefill": {"isls": [128], "n": 2, "concurrent": []}}
+    profile = write_profile(tmp_path, fake.url, plan=plan)
+    assert bench(tmp_path, profile) == 0
+    assert bench(tmp_path, profile, "--set", "plan.prefill.n=3") == 2
+    assert "definitions" in capsys.readouterr().err
+
+
+def test_dry_run_prints_every_command(capsys):
+    assert main(["bench-ab", "--profile", "a100x8-tp8", "--model", "/models/v41", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("docker run --rm") == 8 and "deepinfer-sm80:baseline" in out
+    assert "deepinfer-sm80:deepinfer" in out and "--tensor-parallel-size 8" in out
+    assert out.count("client: decode-i3k-o512-c16") == 8  # 2 ABBA blocks
+    assert main(["bench-ab", "--profile", "ga100x6-tp2pp3", "--model", "/m", "--dry-run"]) == 2
+    assert "8,12,20" in capsys.readouterr().err
+
+
+def test_summary_is_schema_versioned_json(fake, tmp_path):
+    plan = {**PLAN, "decode": {**PLAN["decode"], "concurrencies": []}, "nll": [],
+            "greedy": {**PLAN["greedy"], "concurrencies": []}, "ttft_isls": [],
+            "prefill": {"isls": [64], "n": 2, "concurrent": []}}
+    assert bench(tmp_path, write_profile(tmp_path, fake.url, plan=plan), "--no-charts") == 0
+    root = tmp_path / "results" / "fake"
+    for name in ("summary.json", "ab.json", "manifest.json"):
+        assert json.loads((root / name).read_text())["schema_version"] == SCHEMA_VERSION
+    run = json.loads((root / "cells" / "prefill-cold-i64" / "B.r1.summary.json").read_text())
+    for key in ("duration", "completed", "failed", "total_input_tokens", "request_throughput",
+                "mean_ttft_ms", "p99_ttft_ms", "validity", "metrics_delta", "definition_sha256"):
+        assert key in run
