@@ -63,7 +63,8 @@ def read_resources(cubin: bytes) -> tuple[int, int, int, int]:
 
 def compile_for(spec: CompileSpec, arch: int) -> CompileReport:
     """Compile one spec for sm_<arch> and check it against that arch's budget."""
-    src = ASTSource(fn=spec.fn, signature=spec.signature, constexprs=spec.constexprs)
+    attrs = {(spec.fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in spec.divisible_by_16}
+    src = ASTSource(fn=spec.fn, signature=spec.signature, constexprs=spec.constexprs, attrs=attrs)
     compiled = triton.compile(
         src,
         target=GPUTarget("cuda", arch, 32),
