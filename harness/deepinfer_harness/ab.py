@@ -60,14 +60,14 @@ def compare_metric(runs: list[dict[str, Any]], metric: str, comparable: bool, re
     reps = sorted(set(ra) & set(rb))
     a = [ra[k].get(metric) for k in reps]
     b = [rb[k].get(metric) for k in reps]
-    if not any(isinstance(x, int | float) for x in a + b):
+    if not any(isinstance(r.get(metric), int | float) for r in runs):
         return None
     ci = bootstrap_ratio(a, b, resamples, seed)
     aa_a, aa_b = _aa_pairs(ra, metric)
     bb_a, bb_b = _aa_pairs(rb, metric)
     aa = bootstrap_ratio(aa_a + bb_a, aa_b + bb_b, resamples, seed)
     floor = noise_floor(aa)
-    valid = all(r["validity"]["valid"] for r in runs)
+    valid = all(r["validity"]["valid"] for r in runs) and bool(reps)
     clean = lambda xs: [x for x in xs if isinstance(x, int | float) and math.isfinite(x)]
     row: dict[str, Any] = {
         "cell_id": runs[0]["cell_id"], "metric": metric,

@@ -64,6 +64,7 @@ class Server:
     variant_env: dict[str, dict[str, str]] = field(default_factory=dict)
     docker_args: list[str] = field(default_factory=list)
     health_timeout_s: float = 1800.0
+    nice: int = 0  # >0: lower the server's CPU priority, its session autogroup included (Linux)
 
     def __post_init__(self) -> None:
         if self.mode not in ("local", "docker", "url"):

@@ -29,11 +29,13 @@ class Launch:
     env: dict[str, str] = field(default_factory=dict)  # added to the harness's environment
     serve_args: list[str] = field(default_factory=list)
     stop_argv: list[str] = field(default_factory=list)  # run after killing the group (docker rm -f)
+    nice: int = 0
 
     def describe(self) -> str:
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
         cmd = shlex.join(self.argv) if self.argv else f"(already running at {self.base_url})"
-        return f"[{self.variant}] {env + ' ' if env else ''}{cmd}"
+        nice = f"(nice {self.nice}) " if self.nice else ""
+        return f"[{self.variant}] {nice}{env + ' ' if env else ''}{cmd}"
 
 
 def serve_args(profile: Profile, model: str, port: int) -> list[str]:
@@ -76,11 +78,11 @@ def build_launch(profile: Profile, variant: str, model: str, run_id: str, sessio
     env = serve_env(profile, variant)
     if srv.mode == "local":
         argv = [sys.executable if part == "{python}" else part for part in srv.command] + args
-        return Launch(variant, "local", base_url, argv, env, args)
+        return Launch(variant, "local", base_url, argv, env, args, nice=srv.nice)
     name = container_name(run_id, variant, session)
     docker = ["docker", "run", "--rm", "--name", name, "--gpus", "all", "--ipc=host", "--network=host",
               "-v", f"{model}:{model}:ro"]
     for key, value in sorted(env.items()):
         docker += ["-e", f"{key}={value}"]
     docker += [*srv.docker_args, "--entrypoint", "python3", srv.images[variant], *SERVE_MODULE, *args]
-    return Launch(variant, "docker", base_url, docker, {}, args, ["docker", "rm", "-f", name])
+    return Launch(variant, "docker", base_url, docker, {}, args, ["docker", "rm", "-f", name], srv.nice)

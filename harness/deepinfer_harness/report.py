@@ -64,6 +64,9 @@ def summarize_run_dir(layout: RunLayout) -> dict[str, Any]:
         write_json(path, summary)
         runs.append(summary)
     definitions = {c["cell_id"]: c["definition_sha256"] for c in manifest["cells"]}
+    present = {(r["cell_id"], r["variant"], r["rep"]) for r in runs}
+    missing = [f"{c}/{s['variant']}.r{s['rep']}" for s in manifest["schedule"] for c in definitions
+               if (c, s["variant"], s["rep"]) not in present]
     parity_ok = manifest.get("parity", {}).get("status") == "ok"
     ab: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "rows": [], "numerics": []}
     ab_cfg = manifest["profile"]["ab"]
@@ -85,7 +88,7 @@ def summarize_run_dir(layout: RunLayout) -> dict[str, Any]:
                               "python": platform.python_version(), "profile": manifest["profile"]["name"],
                               "parity": manifest.get("parity"), "labels": manifest["profile"]["labels"],
                               "note": manifest.get("note")},
-               "runs": runs, "n_runs": len(runs),
+               "runs": runs, "n_runs": len(runs), "missing_runs": missing,
                "n_invalid": sum(1 for r in runs if not r["validity"]["valid"]),
                "ab_lines": [row["line"] for row in ab["rows"]]}
     write_json(layout.summary, summary)

@@ -25,7 +25,7 @@ from deepinfer_harness.plan import CellDef, Session
 from deepinfer_harness.provenance import collect_variant, ensure_corpus
 from deepinfer_harness.records import JsonlWriter
 from deepinfer_harness.scenarios import RECIPES
-from deepinfer_harness.server import ServerHandle, start, stop, wait_healthy
+from deepinfer_harness.server import ServerDied, ServerHandle, start, stop, wait_healthy
 from deepinfer_harness.summarize import summarize_from_files
 
 
@@ -139,9 +139,12 @@ def run_all(profile: Profile, layout: RunLayout, sessions: list[Session], cells:
         return provenance
     for s in todo:
         launch = build_launch(profile, s.variant, opts.model, opts.run_id, s.index)
-        with servers_up([launch], layout, s.index, timeout) as handles:
-            facts = asyncio.run(run_session(profile, layout, s, cells, handles[s.variant], opts))
-            record(s, launch, facts)
+        try:
+            with servers_up([launch], layout, s.index, timeout) as handles:
+                facts = asyncio.run(run_session(profile, layout, s, cells, handles[s.variant], opts))
+                record(s, launch, facts)
+        except (ServerDied, TimeoutError) as exc:  # its cells stay missing and are reported as such
+            opts.say(f"session {s.index} ({s.variant}) not run: {str(exc).splitlines()[0]}")
     return provenance
 
 

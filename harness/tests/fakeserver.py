@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import subprocess
 import sys
 import time
 
@@ -193,4 +194,6 @@ async def main() -> None:
 
 if __name__ == "__main__":
     os.nice(10)  # the client under test, not this fake, gets the CPU when both want it
+    if os.environ.get("FAKE_SPAWN_CHILD"):  # like vLLM's engine core: a child in the same group
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     asyncio.run(main())
