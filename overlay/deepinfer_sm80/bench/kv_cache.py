@@ -336,6 +336,9 @@ def _gather_size(cu: object, tokens: int, ceilings: Ceilings, gen: torch.Generat
 
 
 # ----------------------------------------------------------------------------- ceilings probes
+_ROW = tl.constexpr(DATA_BYTES)  # jit bodies read module globals only as constexpr
+
+
 @triton.jit
 def _copy_probe_kernel(src_ptr, dst_ptr, n, BLOCK: tl.constexpr):  # noqa: ANN001
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
@@ -347,7 +350,7 @@ def _mix_probe_kernel(src_ptr, dst_ptr, BLOCK_T: tl.constexpr):  # noqa: ANN001
     """The gather's traffic without its decode: 512 bytes of each 576-byte row in, 512 bf16 out."""
     t = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
     c = tl.arange(0, 512)[None, :]
-    x = tl.load(src_ptr + t[:, None] * DATA_BYTES + c)
+    x = tl.load(src_ptr + t[:, None] * _ROW + c)
     tl.store(dst_ptr + t[:, None] * 512 + c, x.to(tl.bfloat16))
 
 
