@@ -4,7 +4,8 @@ SM80 baseline: upstream's CUDA path (`_dequantize_and_gather_k_kernel`, grid `(R
 bitcasts to `tl.float8e4nv`, which Triton rejects below sm_89, and its CuTeDSL path is SM90/SM100-only;
 `base` is a port of the Triton kernel with the software e4m3 decoder and its `exp2` scales.
 `optimized` decodes a [BLOCK_T, 8, 64] tile per step (bit-shift UE8M0) and stores straight into `out`.
-Both take the block-table row stride from `stride(0)`, where upstream uses `shape[-1]` (wrong for views).
+Both take the block-table row stride from `stride(0)`, where upstream uses `shape[-1]` (wrong for views),
+and form `out` row offsets in int64 (upstream: int32 `b * stride(0)`, which wraps past 2^31 elements).
 """
 
 from __future__ import annotations
@@ -169,7 +170,9 @@ def _gather_kernel(
 
 
 # ----------------------------------------------------------------------------- launchers
-BLOCK_T = 16  # tokens per tile; see bench/kv_cache.py for the sweep behind it
+# 16 tokens x 4 warps: 93 regs, 5 CTAs/SM on sm_80; on the H200 8x4, 16x8, 32x4, 32x8 and 64x8 were
+# 1-56% slower at 48K and 1M tokens (results/gpu/kv_cache-h200.json and its first run)
+BLOCK_T = 16
 NUM_WARPS = 4
 _MAX_PROGRAMS = 1 << 17  # grid cap: programs loop over tiles beyond it
 

@@ -162,7 +162,9 @@ def _insert_kernel(
 
 
 # ----------------------------------------------------------------------------- launchers
-BLOCK_T = 4  # tokens per program; see bench/kv_cache.py for the sweep behind it
+# 4 tokens x 4 warps: 40 regs. On the H200 8x4 was 10% faster at 8192 tokens but (with the previous
+# encoder) 35% slower at 64; 1x1 and 2x2 were within 7% at 8192 (results/gpu/kv_cache-h200.json)
+BLOCK_T = 4
 NUM_WARPS = 4
 
 
