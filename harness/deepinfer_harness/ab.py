@@ -23,6 +23,7 @@ from deepinfer_harness.stats import (
     mark,
     mde,
     noise_floor,
+    pairs_needed,
 )
 
 COMPARED_METRICS = {
@@ -55,7 +56,8 @@ def _aa_pairs(by_rep: dict[int, dict[str, Any]], metric: str) -> tuple[list[floa
 
 
 def compare_metric(runs: list[dict[str, Any]], metric: str, comparable: bool, resamples: int,
-                   seed: int) -> dict[str, Any] | None:
+                   seed: int, delta: float | None = None) -> dict[str, Any] | None:
+    """One A/B row; `delta` is the relative change declared in advance for this metric (for power)."""
     ra, rb = _by_rep(runs, "A"), _by_rep(runs, "B")
     reps = sorted(set(ra) & set(rb))
     a = [ra[k].get(metric) for k in reps]
@@ -78,7 +80,8 @@ def compare_metric(runs: list[dict[str, Any]], metric: str, comparable: bool, re
         "method": "paired_bootstrap_logratio",
         "aa_ratio": aa.ratio if aa else None, "aa_ci": [aa.ci_low, aa.ci_high] if aa else None,
         "noise_floor": floor, "mde": mde(log_ratios(aa_a + bb_a, aa_b + bb_b), len(reps)),
-        "underpowered": len(reps) < UNDERPOWERED_PAIRS, "valid": valid,
+        "underpowered": len(reps) < UNDERPOWERED_PAIRS, "valid": valid, "delta": delta,
+        "pairs_needed": _pairs_needed(log_ratios(aa_a + bb_a, aa_b + bb_b), delta),
         "mark": mark(ci, higher_is_better(metric), floor, valid, comparable),
     }
     if metric == "decode_tok_s":
@@ -89,6 +92,12 @@ def compare_metric(runs: list[dict[str, Any]], metric: str, comparable: bool, re
             parts[name] = part.ratio if part else None
         row["components"] = parts
     return row
+
+
+def _pairs_needed(aa_log_ratios: np.ndarray, delta: float | None) -> int | None:
+    if delta is None or aa_log_ratios.size < 2:
+        return None
+    return pairs_needed(float(np.std(aa_log_ratios, ddof=1)), delta)
 
 
 def _nll_pair(layout: RunLayout, cell_id: str, a: tuple[str, int], b: tuple[str, int]) -> dict[str, Any]:

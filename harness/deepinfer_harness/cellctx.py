@@ -16,7 +16,7 @@ from typing import Any
 import aiohttp
 from tqdm import tqdm
 
-from deepinfer_harness.client import completion_body, get_text, stream_completion
+from deepinfer_harness.client import completion_body, get_json, get_text, stream_completion
 from deepinfer_harness.plan import CellDef
 from deepinfer_harness.prompts import TokenCorpus, sha256_ids
 from deepinfer_harness.promtext import Snapshot, parse_metrics
@@ -38,6 +38,7 @@ class CellContext:
     writer: JsonlWriter
     cdef: CellDef
     progress: bool = True
+    reset_prefix_cache: bool = False
     facts: dict[str, Any] = field(default_factory=dict)  # cell-level facts for <variant>.r<k>.cell.json
     violations: list[str] = field(default_factory=list)
 
@@ -79,6 +80,13 @@ class CellContext:
         waiting = snap.total("vllm:num_requests_waiting")
         if running or waiting:
             self.violations.append(f"idle gate: running={running:g} waiting={waiting:g}")
+        if self.reset_prefix_cache:  # dev-mode route; false while any block is still held
+            try:
+                ok = (await get_json(self.http, f"{self.base_url}/reset_prefix_cache", "POST")).get("success")
+            except (aiohttp.ClientError, OSError, ValueError) as exc:
+                ok = f"{type(exc).__name__}"
+            if ok is not True:
+                self.violations.append(f"idle gate: /reset_prefix_cache answered {ok}")
 
     def bar(self, total: int | None, unit: str = "req") -> tqdm:
         return tqdm(total=total, unit=unit, leave=False, disable=not self.progress,

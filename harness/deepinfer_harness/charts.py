@@ -35,25 +35,30 @@ def _labels(summary: dict) -> dict[str, str]:
 
 
 def throughput_ab(ab: pd.DataFrame, labels: dict[str, str]) -> Figure:
-    """End-to-end throughput per cell, A vs B, with the B/A ratio and its 95 % CI on each group."""
-    rows = ab[ab["metric"].isin(["prefill_tok_s", "decode_tok_s"])].reset_index(drop=True)
-    fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(rows) + 2), 4.5))
-    for i, row in rows.iterrows():
-        for j, v in enumerate(("A", "B")):
-            side = row[v.lower()]
-            runs = [x for x in side["runs"] if isinstance(x, int | float)]
-            est = side["estimate"] or 0
-            err = [[est - min(runs, default=est)], [max(runs, default=est) - est]]
-            ax.bar(i + (j - 0.5) * 0.38, est, 0.36, color=COLORS[v], yerr=err, capsize=3,
-                   label=labels[v] if i == 0 else None)
-        if row["ratio"]:
-            ax.annotate(f"{row['ratio']:.2f}× {row['mark']}\n[{row['ci_low']:.2f}, {row['ci_high']:.2f}]",
-                        (i, ax.get_ylim()[1] * 0.02), ha="center", fontsize=7, color="white")
-    ax.set_xticks(range(len(rows)), [f"{c}\n{m}" for c, m in zip(rows["cell_id"], rows["metric"],
-                                                                   strict=False)], fontsize=7)
-    ax.set_ylabel("tokens/s (whiskers: run min–max)")
-    ax.set_title("Throughput per cell, B/A ratio with 95 % CI")
-    ax.legend(fontsize=8)
+    """End-to-end throughput per cell, A vs B, one panel per metric, B/A ratio and 95 % CI on each group."""
+    metrics = [m for m in ("prefill_tok_s", "decode_tok_s") if (ab["metric"] == m).any()]
+    fig, axes = plt.subplots(1, len(metrics), figsize=(6 * len(metrics), 4.5), squeeze=False)
+    for ax, metric in zip(axes[0], metrics, strict=True):
+        rows = ab[ab["metric"] == metric].reset_index(drop=True)
+        for i, row in rows.iterrows():
+            tops = []
+            for j, v in enumerate(("A", "B")):
+                side = row[v.lower()]
+                runs = [x for x in side["runs"] if isinstance(x, int | float)]
+                est = side["estimate"] or 0
+                err = [[est - min(runs, default=est)], [max(runs, default=est) - est]]
+                ax.bar(i + (j - 0.5) * 0.38, est, 0.36, color=COLORS[v], yerr=err, capsize=3,
+                       label=labels[v] if i == 0 else None)
+                tops.append(max(runs, default=est))
+            if row["ratio"]:
+                text = f"{row['ratio']:.2f}× {row['mark']}\n[{row['ci_low']:.2f}, {row['ci_high']:.2f}]"
+                ax.annotate(text, (i, max(tops)), xytext=(0, 4), textcoords="offset points", ha="center",
+                            fontsize=7)
+        ax.set_xticks(range(len(rows)), rows["cell_id"], fontsize=7, rotation=15)
+        ax.set_ylabel(f"{metric} (whiskers: run min–max)")
+        ax.margins(y=0.2)
+        ax.legend(fontsize=8)
+    fig.suptitle("Throughput per cell, B/A ratio with 95 % CI and mark")
     fig.tight_layout()
     return fig
 
@@ -71,6 +76,8 @@ def decode_scaling(runs: pd.DataFrame, labels: dict[str, str]) -> Figure:
             ax.scatter(sub["concurrency"], sub[metric], color=COLORS[v], alpha=0.5, s=14)
             mean = sub.groupby("concurrency")[metric].mean()
             ax.plot(mean.index, mean.values, "-o", color=COLORS[v], label=labels[v])
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sorted(d["concurrency"].unique()), [str(c) for c in sorted(d["concurrency"].unique())])
         ax.set_xlabel("concurrency C")
         ax.set_ylabel(unit)
         ax.grid(alpha=0.3)

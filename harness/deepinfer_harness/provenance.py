@@ -48,8 +48,11 @@ def image_facts(image: str) -> dict[str, Any]:
     if res.returncode != 0:
         return {}
     info = json.loads(res.stdout)[0]
-    return {"image_digest": (info.get("RepoDigests") or [info.get("Id")])[0],
-            "image_labels": (info.get("Config") or {}).get("Labels") or {}}
+    labels = (info.get("Config") or {}).get("Labels") or {}
+    return {"image_digest": (info.get("RepoDigests") or [info.get("Id")])[0], "image_labels": labels,
+            "patches": labels.get("ai.deepinfer.patches"),
+            "patches_sha256": labels.get("ai.deepinfer.patches-sha256"),
+            "image_revision": labels.get("org.opencontainers.image.revision")}
 
 
 def client_env() -> dict[str, str]:

@@ -75,8 +75,9 @@ def summarize_run_dir(layout: RunLayout) -> dict[str, Any]:
         same_def = all(r.get("definition_sha256") == definitions.get(cell_id) for r in cell_runs)
         kind = cell_runs[0]["kind"]
         for metric in COMPARED_METRICS[kind]:
+            delta = ab_cfg["deltas"].get(metric.removeprefix("median_").removeprefix("mean_"))
             row = compare_metric(cell_runs, metric, parity_ok and same_def, ab_cfg["bootstrap_resamples"],
-                                 ab_cfg["seed"])
+                                 ab_cfg["seed"], delta)
             if row:
                 row["line"] = ab_line(row)
                 ab["rows"].append(row)

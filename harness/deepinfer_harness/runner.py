@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import shutil
 import sys
 import time
 from collections.abc import Iterator
@@ -22,11 +23,13 @@ from deepinfer_harness.launch import Launch, build_launch
 from deepinfer_harness.layout import RunLayout, read_json, write_json
 from deepinfer_harness.looplag import LoopLagProbe
 from deepinfer_harness.plan import CellDef, Session
-from deepinfer_harness.provenance import collect_variant, ensure_corpus
+from deepinfer_harness.provenance import collect_variant, ensure_corpus, gpu_facts
 from deepinfer_harness.records import JsonlWriter
 from deepinfer_harness.scenarios import RECIPES
 from deepinfer_harness.server import ServerDied, ServerHandle, start, stop, wait_healthy
 from deepinfer_harness.summarize import summarize_from_files
+
+GPU_SAMPLE_S = 2.0
 
 
 @dataclass
@@ -62,13 +65,27 @@ def servers_up(launches: list[Launch], layout: RunLayout, session: int,
             stop(handle)
 
 
+async def _sample_gpus(samples: list[list[dict[str, str]]]) -> None:
+    """nvidia-smi every GPU_SAMPLE_S during the cell (in a thread: it takes ~50 ms)."""
+    while True:
+        samples.append(await asyncio.to_thread(gpu_facts))
+        await asyncio.sleep(GPU_SAMPLE_S)
+
+
 async def _run_cell(ctx: CellContext, layout: RunLayout, handle: ServerHandle) -> None:
     cdef = ctx.cdef
+    gpu_samples: list[list[dict[str, str]]] = []
+    sampler = asyncio.create_task(_sample_gpus(gpu_samples)) if shutil.which("nvidia-smi") else None
     async with LoopLagProbe() as probe:
         try:
             await RECIPES[cdef.cell.kind](ctx)
         finally:
             ctx.facts["loop_lag"] = probe.summary()
+            if sampler:
+                sampler.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await sampler
+                ctx.facts["gpus"] = gpu_samples
     if not handle.alive():
         ctx.violations.append("server died during the cell")
 
@@ -97,7 +114,8 @@ async def run_session(profile: Profile, layout: RunLayout, session: Session, cel
             path = layout.run_file(cdef.id, session.variant, session.rep, "jsonl")
             with JsonlWriter(path) as writer:
                 ctx = CellContext(http, handle.base_url, opts.served_model, opts.run_id, session.variant,
-                                  session.rep, session.index, corpus, writer, cdef, opts.progress)
+                                  session.rep, session.index, corpus, writer, cdef, opts.progress,
+                                  profile.validity.reset_prefix_cache)
                 await _run_cell(ctx, layout, handle)
             summary = _save_cell(ctx, layout, profile)
             facts.setdefault("system_fingerprint", summary.get("system_fingerprint"))

@@ -77,11 +77,41 @@ def _delta_violations(cell: Cell, measured: list[RequestRecord], d: dict[str, fl
     return out
 
 
+THERMAL_POWER_BITS = 0x04 | 0x08 | 0x20 | 0x40 | 0x80  # SW power cap, HW slowdown, SW/HW thermal, power brake
+IDLE_BIT = 0x01
+CLOCK_FLOOR = 0.97  # SM clock vs application clock [unverified threshold]
+
+
+def _mhz(text: str | None) -> float | None:
+    try:
+        return float(str(text).split()[0])
+    except (ValueError, IndexError):
+        return None
+
+
+def gpu_violations(samples: list[list[dict[str, str]]]) -> list[str]:
+    """Rule 7 from nvidia-smi samples taken during the cell (field names [unverified])."""
+    out = []
+    for i, sample in enumerate(samples):
+        for g, gpu in enumerate(sample):
+            try:
+                reasons = int(gpu.get("clocks_throttle_reasons.active", "0x0"), 16)
+            except ValueError:
+                reasons = 0
+            if reasons & THERMAL_POWER_BITS:
+                out.append(f"gpu{g} sample {i}: throttle reasons {reasons:#x}")
+            sm, app = _mhz(gpu.get("clocks.sm")), _mhz(gpu.get("clocks.applications.graphics"))
+            if sm and app and not reasons & IDLE_BIT and sm < CLOCK_FLOOR * app:
+                out.append(f"gpu{g} sample {i}: SM clock {sm:.0f} MHz < {CLOCK_FLOOR:.0%} of {app:.0f} MHz")
+    return out
+
+
 def check_run(cell: Cell, records: list[RequestRecord], measured: list[RequestRecord], facts: dict[str, Any],
               before: Snapshot, after: Snapshot, summary: dict[str, Any],
               limits: dict[str, float]) -> dict[str, Any]:
     violations = list(facts.get("violations", []))
-    not_checked = ["gpu clocks/throttle (no nvidia-smi facts)"] if not facts.get("gpus") else []
+    not_checked = ["gpu clocks/throttle (no nvidia-smi samples)"] if not facts.get("gpus") else []
+    not_checked.append("A vs B mean SM clock within 1 % (needs both arms; not evaluated)")
     if not records:
         violations.append("no requests recorded")
     violations += _request_violations(cell, records)
@@ -90,6 +120,7 @@ def check_run(cell: Cell, records: list[RequestRecord], measured: list[RequestRe
     else:
         violations += [f"restart: {e}" for e in restart_evidence(before, after)]
         violations += _delta_violations(cell, [r for r in measured if r.ok], delta(before, after))
+    violations += gpu_violations(facts.get("gpus") or [])
     lag = facts.get("loop_lag", {})
     if lag.get("loop_lag_p99_ms", 0) > limits["loop_lag_p99_ms"]:
         violations.append(f"event-loop lag p99 {lag['loop_lag_p99_ms']:.1f} ms > {limits['loop_lag_p99_ms']}")

@@ -39,7 +39,7 @@ async def one(url, prompt, max_tokens, token_ids=True):
 
 def violations(rec, kind="greedy"):
     cell = Cell(kind, rec.prompt_len, rec.max_tokens if kind == "greedy" else 1)
-    return check_run(cell, [rec], [rec], {"gpus": ["x"]}, parse_metrics(""), parse_metrics(""), {}, LIMITS)[
+    return check_run(cell, [rec], [rec], {}, parse_metrics(""), parse_metrics(""), {}, LIMITS)[
         "violations"]
 
 

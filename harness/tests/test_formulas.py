@@ -101,3 +101,16 @@ def test_marks_and_power():
     assert pairs_needed(0.01, 0.02) == math.ceil((2.8 * 0.01 / math.log(1.02)) ** 2)
     assert mde(np.array([0.01, -0.01, 0.02, -0.02]), 4) == pytest.approx(
         math.expm1(2.8 * np.std([0.01, -0.01, 0.02, -0.02], ddof=1) / 2))
+
+
+def test_gpu_throttle_rule():
+    from deepinfer_harness.validity import gpu_violations
+
+    ok = {"clocks.sm": "1410 MHz", "clocks.applications.graphics": "1410 MHz",
+          "clocks_throttle_reasons.active": "0x0000000000000000"}
+    idle = ok | {"clocks.sm": "210 MHz", "clocks_throttle_reasons.active": "0x0000000000000001"}
+    slow = ok | {"clocks.sm": "1200 MHz"}
+    hot = ok | {"clocks_throttle_reasons.active": "0x0000000000000040"}
+    assert gpu_violations([[ok, idle]]) == []
+    assert "SM clock 1200" in gpu_violations([[slow]])[0]
+    assert "0x40" in gpu_violations([[hot]])[0]
