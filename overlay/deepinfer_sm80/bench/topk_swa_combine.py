@@ -2,7 +2,9 @@
 upstream (= the SM80 baseline), the PyTorch op chain and the optimized kernel timed in CUDA graphs.
 
 Bytes counted per call: top-k read T·topk·4 (every timed token has pos >= 1023, so all 512 columns
-are read), indices written T·640·4, lens T·4, query_start_loc/seq_lens/gather_lens read.
+are read), indices written T·640·4, lens T·4, query_start_loc/seq_lens/gather_lens read. The `out=`
+rows rotate their outputs past L2 and are the DRAM-honest ones; fresh-output rows allocate inside the
+graph, get the same block back every call and so store into L2-resident lines.
 """
 
 from __future__ import annotations
@@ -20,8 +22,8 @@ from deepinfer_sm80.testing.compare import MismatchError, assert_bitwise_equal
 SIZES = (1, 64, 512, 1536, 4096)
 RATIOS = (1, 2)
 PREFIXES = (8192, 4096, 2048, 1100)  # every query position >= 1100: topk_len 512, swa_len 128
-SWEEP_SIZES = (1536, 4096)
-SWEEP = ((1, 1), (1, 4), (2, 2), (4, 4), (8, 4), (8, 8), (16, 8))  # (tokens per program, warps)
+SWEEP_SIZES = (512, 1536, 4096)
+SWEEP = ((1, 1), (1, 2), (2, 1), (2, 2), (4, 2), (4, 4))  # (tokens per program, warps)
 POISON = 0x5A5A5A5A
 DEVICE = "cuda"
 
@@ -132,8 +134,10 @@ def bench_shape(
     speedups = {
         "vs_op_chain": round(timings["op chain"].us / opt, 2),
         "vs_upstream": round(timings["upstream"].us / opt, 2),
+        "out_vs_op_chain": round(timings["op chain"].us / opt_out, 2),
         "out_vs_upstream_out": round(timings["upstream out="].us / opt_out, 2),
-        "over_floor": round(opt_out / ceilings.floor_us(nbytes), 2),
+        "out_vs_upstream": round(timings["upstream"].us / opt_out, 2),
+        "out_over_floor": round(opt_out / ceilings.floor_us(nbytes), 2),
     }
     chain_us, up_us = timings["op chain"].us, timings["upstream"].us
     for t in timings.values():
@@ -176,6 +180,7 @@ def main(out_dir: Path, ceilings: Ceilings) -> dict[str, object]:
         "upstream": "vllm 0.32.0 combine_topk_swa_indices = the SM80 baseline (compiles for sm_80 as is)",
         "optimized": f"deepinfer_sm80.ops.topk_swa_combine, block_t={tsc.BLOCK_T}, num_warps={tsc.NUM_WARPS}",
         "bytes": "T*topk*4 read + T*640*4 + T*4 written + per-request metadata",
+        "note": "out= rows rotate outputs past L2 (DRAM-honest); fresh rows reuse one L2-resident block",
         "edge_cases_bitwise": edges,
         "shapes": shapes,
         "block_sweep": [row for T in SWEEP_SIZES for row in sweep(T, ceilings, gen)],

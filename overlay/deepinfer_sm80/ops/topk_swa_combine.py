@@ -2,7 +2,7 @@
 
 SM80 baseline: upstream's own `CombineTopkSwaIndicesKernel.kernel` (plain int32 Triton, no fp8) cross-compiles
 for sm_80/sm_86 unchanged (28/38 regs, 0 spills, 0 smem), so patch 00 leaves it alone and `base` has no copy.
-The optimized kernel runs one program per BLOCK_T tokens and stores every output column exactly once.
+Optimized: one single-warp program per token, one memory round trip, every output column stored once.
 """
 
 import torch
@@ -95,26 +95,46 @@ def _combine_topk_swa_kernel(
     COMPRESS_RATIO: tl.constexpr,
     WINDOW_SIZE: tl.constexpr,
     WIDTH: tl.constexpr,
+    TOPK_BLOCK: tl.constexpr,
     BLOCK_T: tl.constexpr,
     BLOCK_C: tl.constexpr,
     BLOCK_R: tl.constexpr,
 ):
+    # One memory round trip per token: the top-k row and the request metadata are loaded at
+    # once (neither depends on the other), then every column is computed and stored once.
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)  # chunk-local tokens
     t_ok = t < num_tokens
+    t64 = t.to(tl.int64)
+    if TOPK_BLOCK > 0:
+        # the whole row (T·topk·4 B, what the floor counts), so the load need not wait for topk_len
+        ck = tl.arange(0, TOPK_BLOCK)[None, :]
+        tk = tl.load(topk_ptr + t64[:, None] * topk_stride + ck, mask=t_ok[:, None] & (ck < TOP_K), other=-1)
     base = tl.load(qsl_ptr)
-    # request of token t = number of requests ending at or before t (empty ones included)
+    # the token's request r is the one with start_r <= t < end_r; its fields are selected by
+    # masked sums, so no load waits for r (empty requests never match)
     b = tl.zeros([BLOCK_T], dtype=tl.int32)
+    q_start = tl.zeros([BLOCK_T], dtype=tl.int32)
+    q_len = tl.zeros([BLOCK_T], dtype=tl.int32)
+    seq_len = tl.zeros([BLOCK_T], dtype=tl.int32)
+    gather_len = tl.zeros([BLOCK_T], dtype=tl.int32)
+    hits = tl.zeros([BLOCK_T], dtype=tl.int32)
     for r0 in range(0, num_reqs, BLOCK_R):
         r = r0 + tl.arange(0, BLOCK_R)
         r_ok = r < num_reqs
-        ends = tl.load(qsl_ptr + 1 + r, mask=r_ok, other=0) - base
-        b += tl.sum(((ends[None, :] <= t[:, None]) & r_ok[None, :]).to(tl.int32), axis=1)
-    in_req = t_ok & (b < num_reqs)
-    q_start = (tl.load(qsl_ptr + b, mask=in_req, other=0) - base).to(tl.int32)
-    q_end = (tl.load(qsl_ptr + b + 1, mask=in_req, other=0) - base).to(tl.int32)
-    seq_len = tl.load(seq_lens_ptr + b, mask=in_req, other=0).to(tl.int32)
-    gather_start = seq_len - tl.load(gather_lens_ptr + b, mask=in_req, other=0).to(tl.int32)
-    pos = seq_len - (q_end - q_start) + (t - q_start)
+        start = (tl.load(qsl_ptr + r, mask=r_ok, other=0) - base).to(tl.int32)
+        end = (tl.load(qsl_ptr + r + 1, mask=r_ok, other=0) - base).to(tl.int32)
+        s = tl.load(seq_lens_ptr + r, mask=r_ok, other=0).to(tl.int32)
+        g = tl.load(gather_lens_ptr + r, mask=r_ok, other=0).to(tl.int32)
+        hit = r_ok[None, :] & (start[None, :] <= t[:, None]) & (t[:, None] < end[None, :])
+        b += tl.sum(tl.where(hit, r[None, :], 0), axis=1)
+        q_start += tl.sum(tl.where(hit, start[None, :], 0), axis=1)
+        q_len += tl.sum(tl.where(hit, (end - start)[None, :], 0), axis=1)
+        seq_len += tl.sum(tl.where(hit, s[None, :], 0), axis=1)
+        gather_len += tl.sum(tl.where(hit, g[None, :], 0), axis=1)
+        hits += tl.sum(hit.to(tl.int32), axis=1)
+    in_req = t_ok & (hits > 0)
+    pos = seq_len - q_len + (t - q_start)
+    gather_start = seq_len - gather_len
     if COMPRESS_RATIO > 0:
         topk_len = tl.maximum(tl.minimum((pos + 1) // COMPRESS_RATIO, TOP_K), 0)
     else:
@@ -126,28 +146,32 @@ def _combine_topk_swa_kernel(
     tl.store(lens_ptr + t, lens, mask=t_ok)
 
     row_base = M * b
-    # value at column c of the window interval is swa_first + c
-    swa_first = row_base + N + swa_start - gather_start - topk_len
-    t64 = t.to(tl.int64)
+    swa_first = row_base + N + swa_start - gather_start - topk_len  # window value at column c: swa_first + c
     out_row = out_ptr + t64[:, None] * out_stride
-    topk_row = topk_ptr + t64[:, None] * topk_stride
-    # each column is computed once and stored once: the three intervals are disjoint by construction
-    for c0 in tl.static_range(0, WIDTH, BLOCK_C):
-        c = c0 + tl.arange(0, BLOCK_C)[None, :]
-        in_topk = c < topk_len[:, None]
+    # three disjoint intervals, each column stored exactly once: [0, topk_len) top-k,
+    # [topk_len, lens) window, [lens, WIDTH) -1
+    if TOPK_BLOCK > 0:
+        c = tl.arange(0, TOPK_BLOCK)[None, :]
+        tk = tl.where((tk >= 0) & (tk < N), tk + row_base[:, None], -1)
         val = tl.where(c < lens[:, None], swa_first[:, None] + c, -1)
-        if c0 < TOP_K:
-            tk = tl.load(topk_row + c, mask=in_topk & (c < TOP_K), other=-1)
-            tk = tl.where((tk >= 0) & (tk < N), tk + row_base[:, None], -1)
-            val = tl.where(in_topk, tk, val)
+        val = tl.where(c < topk_len[:, None], tk, val)
+        tl.store(out_row + c, val, mask=t_ok[:, None] & (c < WIDTH))
+    for c0 in tl.static_range(TOPK_BLOCK, WIDTH, BLOCK_C):  # past TOPK_BLOCK >= TOP_K: no top-k column
+        c = c0 + tl.arange(0, BLOCK_C)[None, :]
+        val = tl.where(c < lens[:, None], swa_first[:, None] + c, -1)
         tl.store(out_row + c, val, mask=t_ok[:, None] & (c < WIDTH))
 
 
-# BLOCK_T tokens x 128 columns per step, 4 warps: 4 int32 (16 B) per thread per step
-BLOCK_T = 4
-NUM_WARPS = 4
+# One token per program on one warp: 16 int32 of the top-k row per thread, loaded in 16 B vectors.
+BLOCK_T = 1
+NUM_WARPS = 1
 _BLOCK_C = 128
-_BLOCK_R = 32  # requests scanned per step when locating a token's request
+_BLOCK_R = 64  # requests scanned per step (a prefill chunk rarely holds more)
+
+
+def topk_block(topk: int) -> int:
+    """Columns of the top-k row tile: next power of two >= topk (0 for SWA-only layers)."""
+    return triton.next_power_of_2(topk) if topk > 0 else 0
 
 
 def _check_int(name: str, x: torch.Tensor) -> None:
@@ -229,7 +253,8 @@ def launch(
             indices, indices.stride(0), lens, topk_indices, topk_indices.stride(0),
             query_start_loc, seq_lens, gather_lens, T, seq_lens.shape[0], M, N,
             TOP_K=topk, COMPRESS_RATIO=compress_ratio, WINDOW_SIZE=window_size, WIDTH=indices.shape[1],
-            BLOCK_T=block_t, BLOCK_C=_BLOCK_C, BLOCK_R=_BLOCK_R, num_warps=num_warps,
+            TOPK_BLOCK=topk_block(topk), BLOCK_T=block_t, BLOCK_C=_BLOCK_C, BLOCK_R=_BLOCK_R,
+            num_warps=num_warps,
         )  # fmt: skip
 
 
@@ -237,15 +262,15 @@ _SIG = {
     "out_ptr": "*i32", "out_stride": "i32", "lens_ptr": "*i32", "topk_ptr": "*i32", "topk_stride": "i32",
     "qsl_ptr": "*i32", "seq_lens_ptr": "*i32", "gather_lens_ptr": "*i32", "num_tokens": "i32",
     "num_reqs": "i32", "M": "i32", "N": "i32", "TOP_K": "constexpr", "COMPRESS_RATIO": "constexpr",
-    "WINDOW_SIZE": "constexpr", "WIDTH": "constexpr", "BLOCK_T": "constexpr", "BLOCK_C": "constexpr",
-    "BLOCK_R": "constexpr",
+    "WINDOW_SIZE": "constexpr", "WIDTH": "constexpr", "TOPK_BLOCK": "constexpr", "BLOCK_T": "constexpr",
+    "BLOCK_C": "constexpr", "BLOCK_R": "constexpr",
 }  # fmt: skip
 
 
 def _spec(ratio: int, topk: int) -> CompileSpec:
     constexprs = {
         "TOP_K": topk, "COMPRESS_RATIO": ratio, "WINDOW_SIZE": 128, "WIDTH": combined_width(topk, 128),
-        "BLOCK_T": BLOCK_T, "BLOCK_C": _BLOCK_C, "BLOCK_R": _BLOCK_R,
+        "TOPK_BLOCK": topk_block(topk), "BLOCK_T": BLOCK_T, "BLOCK_C": _BLOCK_C, "BLOCK_R": _BLOCK_R,
     }  # fmt: skip
     return CompileSpec(f"topk_swa_combine.r{ratio}", _combine_topk_swa_kernel, _SIG, constexprs, NUM_WARPS)
 

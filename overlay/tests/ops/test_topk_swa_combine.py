@@ -55,7 +55,7 @@ class Chunk:
 
 CHUNKS = [
     Chunk("pos0", (1,), (0,)),
-    Chunk("window-fill", (200,), (0,)),  # pos+1 < 128 and >= 128
+    Chunk("window-fill", (140,), (0,)),  # pos+1 < 128 and >= 128
     Chunk("prefix-gt-127", (50,), (300,)),
     Chunk("replay", (64,), (1000,), gather=(84,)),  # g0 = 980 > pos - 127
     Chunk("saturate-r2", (40,), (1000,)),  # topk_len reaches 512 at pos 1023 (ratio 2)
@@ -66,7 +66,7 @@ CHUNKS = [
     Chunk("seq-lt-window", (30,), (20,)),
     Chunk("qsl0-nonzero", (17, 33), (100, 2000), qsl_base=123_456),
     Chunk("empty-requests", (0, 20, 0, 0, 15, 0), (5, 0, 9, 1000, 130, 7)),
-    Chunk("gt-256-per-request", (300,), (900,)),
+    Chunk("gt-256-per-request", (260,), (900,)),
     Chunk("many-requests", tuple(i % 4 for i in range(70)), tuple(37 * i for i in range(70))),
     Chunk("warmup-negative-pos", (6,), (-4,), gather=(2,)),  # seq_len 2 < qlen 6
     Chunk("rows-past-last-request", (10, 10), (64, 3), extra_rows=5),
@@ -256,7 +256,8 @@ def test_kernel_matches_reference(chunk):
     for ratio in SHAPES.ratios:
         a = make_args(chunk, ratio, seed=ratio)
         ref = tsc.combine_topk_swa_indices_ref(**a)
-        check(f"{chunk.name} r{ratio} fresh", tsc.combine_topk_swa_indices(**a), ref)
+        if ratio == 2:  # the fresh-output path once; poisoned out= shows every column is written
+            check(f"{chunk.name} r{ratio} fresh", tsc.combine_topk_swa_indices(**a), ref)
         out = poisoned_out(a)
         got = tsc.combine_topk_swa_indices(**a, out=out)
         assert got[0] is out[0] and got[1] is out[1]
@@ -328,7 +329,7 @@ def test_launcher_rejects(change, match):
 @st.composite
 def chunks(draw):
     n = draw(st.integers(1, 5))
-    qlens = tuple(draw(st.lists(st.integers(0, 130), min_size=n, max_size=n)))
+    qlens = tuple(draw(st.lists(st.integers(0, 90), min_size=n, max_size=n)))
     prefix = tuple(draw(st.lists(st.integers(0, 1400), min_size=n, max_size=n)))
     mode = draw(st.sampled_from(["swa", "full", "replay"]))
     seq = [p + q for p, q in zip(prefix, qlens, strict=True)]
@@ -344,7 +345,7 @@ def chunks(draw):
     )  # fmt: skip
 
 
-@settings(max_examples=20, deadline=None)
+@settings(max_examples=15, deadline=None)
 @given(chunks(), st.sampled_from(SHAPES.ratios), st.integers(0, 1 << 30))
 def test_fuzz_kernel_reference_and_spec_loop(chunk, ratio, seed):
     a = make_args(chunk, ratio, seed)
