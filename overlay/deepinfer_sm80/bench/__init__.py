@@ -3,4 +3,5 @@
 BENCH_MODULES = (
     "deepinfer_sm80.bench.upstream_baseline",
     "deepinfer_sm80.bench.topk_swa_combine",
+    "deepinfer_sm80.bench.kv_cache",
 )

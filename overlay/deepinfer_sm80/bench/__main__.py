@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
     ceilings = Ceilings.measure()
-    print(f"copy bandwidth {ceilings.copy_gbps:.0f} GB/s, empty launch {ceilings.empty_launch_us:.2f} us")
+    print(f"copy ceiling {ceilings.as_dict()}")
     failed = 0
     for module_name in BENCH_MODULES:
         short = module_name.rsplit(".", 1)[1]
@@ -49,10 +49,7 @@ def main(argv: list[str] | None = None) -> int:
             "schema": 1,
             "bench": short,
             "provenance": provenance(),
-            "ceilings": {
-                "copy_gbps": round(ceilings.copy_gbps, 1),
-                "empty_launch_us": round(ceilings.empty_launch_us, 3),
-            },
+            "ceilings": ceilings.as_dict(),
             "results": result,
         }
         path = args.out / f"{short}-{gpu_slug()}.json"
