@@ -163,9 +163,12 @@ def _insert_kernel(
 
 # ----------------------------------------------------------------------------- launchers
 # 4 tokens x 4 warps: 40 regs. On the H200 8x4 was 10% faster at 8192 tokens but (with the previous
-# encoder) 35% slower at 64; 1x1 and 2x2 were within 7% at 8192 (results/gpu/kv_cache-h200.json)
+# encoder) 35% slower at 64; 1x1 and 2x2 were within 7% at 8192 (results/gpu/kv_cache-h200.json).
+# So the tile follows the batch: decode-sized batches keep 4 tokens a program, prefill takes 8.
 BLOCK_T = 4
 NUM_WARPS = 4
+PREFILL_BLOCK_T = 8
+PREFILL_MIN_TOKENS = 2048
 
 
 def _check(
@@ -230,7 +233,8 @@ def quantize_and_insert_k_cache(
     k_cache: uint8 [blocks, page bytes] or [blocks, block_size, 584], pages at stride(0).
     """
     _check(k, k_cache, slot_mapping, block_size, is_ue8m0, use_fnuz, bytes_per_token)
-    launch_insert(k, k_cache, slot_mapping, block_size)
+    block_t = PREFILL_BLOCK_T if slot_mapping.shape[0] >= PREFILL_MIN_TOKENS else BLOCK_T
+    launch_insert(k, k_cache, slot_mapping, block_size, block_t=block_t)
 
 
 def launch_insert(
@@ -285,13 +289,16 @@ COMPILE_SPECS = tuple(
             {"BLOCK_SIZE": bs},
             divisible_by_16=_ALIGNED,
         ),
-        CompileSpec(
-            f"kv_quant_insert.opt.bs{bs}",
-            _insert_kernel,
-            _sig("*i64", {"BLOCK_T": "constexpr"}),
-            {"BLOCK_SIZE": bs, "BLOCK_T": BLOCK_T},
-            num_warps=NUM_WARPS,
-            divisible_by_16=_ALIGNED,
+        *(
+            CompileSpec(
+                f"kv_quant_insert.opt.bs{bs}.t{block_t}",
+                _insert_kernel,
+                _sig("*i64", {"BLOCK_T": "constexpr"}),
+                {"BLOCK_SIZE": bs, "BLOCK_T": block_t},
+                num_warps=NUM_WARPS,
+                divisible_by_16=_ALIGNED,
+            )
+            for block_t in (BLOCK_T, PREFILL_BLOCK_T)
         ),
     )
 )

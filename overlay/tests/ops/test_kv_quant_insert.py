@@ -123,6 +123,17 @@ def test_matches_reference(case, impl):
     check(impl, k, slots, cache, case.block_size)
 
 
+@pytest.mark.parametrize("block_t", [kvi.BLOCK_T, kvi.PREFILL_BLOCK_T])
+def test_both_launch_tiles_match_reference(block_t):
+    # the launcher picks the tile by batch size; both tiles must write the same bytes (T=37: a tail)
+    case = Case("odd-T37", 37, skipped=5)
+    k, slots, cache = make_case(case, seed=block_t)
+    ref, out = clone_cache(cache), clone_cache(cache)
+    kvi.quantize_and_insert_ref(k, ref, slots, case.block_size)
+    kvi.launch_insert(k, out, slots, case.block_size, block_t=block_t)
+    assert_bitwise_equal(f"insert tile {block_t}", pool(out), pool(ref))
+
+
 @pytest.mark.parametrize("impl", IMPLS)
 def test_every_finite_code_and_exponent(impl):
     # 7 groups, each with amax top·2^e and every finite code <= top spread over them, at exponents
