@@ -15,6 +15,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 from matplotlib.figure import Figure
 
+from deepinfer_harness import SCHEMA_VERSION
 from deepinfer_harness.layout import read_json
 
 plt.rcParams["svg.hashsalt"] = "deepinfer-harness"
@@ -160,6 +161,8 @@ def all_charts(results: Path, charts: Path) -> list[Path]:
     written: list[Path] = []
     for summary in sorted(results.rglob("summary.json")):
         run_dir = summary.parent
-        if (run_dir / "manifest.json").exists() and (run_dir / "ab.json").exists():
+        manifest = run_dir / "manifest.json"
+        if (manifest.exists() and (run_dir / "ab.json").exists()
+                and read_json(manifest).get("schema_version") == SCHEMA_VERSION):  # harness runs only
             written += charts_for_run(run_dir, charts / run_dir.relative_to(results))
     return written

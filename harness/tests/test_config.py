@@ -76,7 +76,7 @@ def test_local_and_url_launches():
     smoke = load_profile("smoke")
     a = build_launch(smoke, "A", "/tiny", "r", 0)
     assert a.argv[:3] == [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
-    assert a.nice == 19
+    assert a.nice == 10
     assert a.env["VLLM_CPU_KVCACHE_SPACE"] == "1" and a.base_url == "http://127.0.0.1:18100"
     assert a.serve_args[a.serve_args.index("--dtype") + 1] == "float32"
     multi = load_profile("a800x16-tp8pp2")
