@@ -316,6 +316,8 @@ def _gather_size(cu: object, tokens: int, ceilings: Ceilings, gen: torch.Generat
         "upstream[max_gather_len=None]": call(upstream),
         "optimized[max_gather_len=None]": call(kvg.dequantize_and_gather_k_cache),
     }
+    # the first tuned form (NoPE and RoPE stored apart, byte-wise scales), beside the default
+    impls["optimized[split-store]"] = call(kvg.launch_gather, max_gather_len=tokens, one_store=False)
     if tokens in SWEEP_GATHER_AT:
         for bt, nw in GATHER_SWEEP:
             impls[f"optimized[T{bt},w{nw}]"] = call(
