@@ -2,7 +2,7 @@
 
     <run>/{manifest.json, summary.json, ab.json, ab.md, ab.csv, runs.csv, prompts/corpus.json}
     <run>/logs/<variant>.s<session>.server.log
-    <run>/cells/<cell_id>/<variant>.r<k>.{jsonl, cell.json, summary.json, metrics.before.prom, …}
+    <run>/cells/<cell_id>/<variant>.r<k>.{jsonl, cell.json, summary.json, metrics.{idle,before,after}.prom.gz}
 """
 
 from __future__ import annotations

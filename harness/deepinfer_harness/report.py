@@ -104,7 +104,7 @@ def write_tables(layout: RunLayout, runs: list[dict[str, Any]], ab: dict[str, An
     rows = pd.DataFrame([{"cell_id": r["cell_id"], "metric": r["metric"], "a": r["a"]["estimate"],
                           "b": r["b"]["estimate"], "ratio": r["ratio"], "ci_low": r["ci_low"],
                           "ci_high": r["ci_high"], "n_pairs": r["n_pairs"], "noise_floor": r["noise_floor"],
-                          "mark": r["mark"]} for r in ab["rows"]])
+                          "mark": r["mark"], "underpowered": r["underpowered"]} for r in ab["rows"]])
     rows.to_csv(layout.root / "ab.csv", index=False)
     text = ["# A/B results", "", "Marks: `-` better, `+` worse, `~` within noise, `!` errors, "
             "`x` not comparable. B/A ratios with paired-bootstrap 95 % CIs.", ""]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gzip
 import shutil
 import sys
 import time
@@ -93,7 +94,8 @@ async def _run_cell(ctx: CellContext, layout: RunLayout, handle: ServerHandle) -
 def _save_cell(ctx: CellContext, layout: RunLayout, profile: Profile) -> dict:
     cell_id, variant, rep = ctx.cdef.id, ctx.variant, ctx.rep
     for label, text in ctx.facts.pop("metrics_text", {}).items():
-        layout.run_file(cell_id, variant, rep, f"metrics.{label}.prom").write_text(text)
+        with gzip.open(layout.run_file(cell_id, variant, rep, f"metrics.{label}.prom.gz"), "wt") as fh:
+            fh.write(text)  # ~50 KB of histogram buckets per scrape; gzip keeps results/ small
     facts = ctx.facts | {"violations": ctx.violations, "session": ctx.session,
                          "definition_sha256": ctx.cdef.definition_sha256, "min_steps": ctx.cdef.min_steps}
     write_json(layout.run_file(cell_id, variant, rep, "cell.json"), facts)

@@ -6,6 +6,7 @@ violated rule, so an invalid run is reported (mark `!`), never dropped.
 
 from __future__ import annotations
 
+import gzip
 import itertools
 import math
 import statistics
@@ -99,6 +100,19 @@ def _latency(ok: list[RequestRecord]) -> dict[str, Any]:
     return out
 
 
+def _spec_steps_check(ok: list[RequestRecord]) -> dict[str, Any]:
+    """Per-request spec-decode summaries pooled, and content events vs engine steps: events − 1
+    below num_spec_steps means vLLM merged steps into one event (its stream consumer lagged)."""
+    spec = [(r, (r.server_metrics or {}).get("speculative_decoding")) for r in ok]
+    spec = [(r, s) for r, s in spec if s and s.get("num_spec_steps")]
+    if not spec:
+        return {}
+    steps = sum(s["num_spec_steps"] for _, s in spec)
+    accepted = sum(s.get("num_accepted_draft_tokens", 0) for _, s in spec)
+    events = sum(len(r.event_times_ns) - 1 for r, _ in spec)
+    return {"request_acceptance_length": 1 + accepted / steps, "events_per_spec_step": events / steps}
+
+
 def _nll(ok: list[RequestRecord]) -> dict[str, Any]:
     docs = [nll_of(r.prompt_logprobs["lp"]) for r in ok if r.prompt_logprobs]
     ranks = [x for r in ok if r.prompt_logprobs for x in r.prompt_logprobs["rank"]]
@@ -135,6 +149,8 @@ def summarize_run(records: list[RequestRecord], facts: dict[str, Any], before: S
                 "inflight_fraction": inflight_fraction(records, cell.concurrency, t_open, t_close),
                 "window_request_steps": events,
                 "ttft_under_load_ms": out.get("median_ttft_ms")}
+    if cell.kind in ("decode", "greedy"):
+        out |= _spec_steps_check(ok)
     if cell.kind == "nll":
         out |= _nll(ok)
     out["system_fingerprint"] = next((r.system_fingerprint for r in ok if r.system_fingerprint), None)
@@ -147,8 +163,11 @@ def summarize_run(records: list[RequestRecord], facts: dict[str, Any], before: S
 def summarize_from_files(layout: RunLayout, cell_id: str, variant: str, rep: int,
                          limits: dict[str, float]) -> dict[str, Any]:
     def prom(label: str) -> Snapshot:
-        path = layout.run_file(cell_id, variant, rep, f"metrics.{label}.prom")
-        return parse_metrics(path.read_text()) if path.exists() else Snapshot()
+        path = layout.run_file(cell_id, variant, rep, f"metrics.{label}.prom.gz")
+        if not path.exists():
+            return Snapshot()
+        with gzip.open(path, "rt") as fh:
+            return parse_metrics(fh.read())
 
     facts_path: Path = layout.run_file(cell_id, variant, rep, "cell.json")
     facts = read_json(facts_path) if facts_path.exists() else {"violations": ["cell.json missing"]}

@@ -86,8 +86,11 @@ async def completions(request: web.Request) -> web.StreamResponse:
         st.c["success"] += 1
         usage = {"prompt_tokens": len(prompt), "completion_tokens": sent, "total_tokens": len(prompt) + sent,
                  "prompt_tokens_details": {"cached_tokens": 0}}
+        steps = events - 1
+        spec = {"num_spec_steps": steps, "num_draft_tokens": 5 * steps,
+                "num_accepted_draft_tokens": sent - min(k, sent) - steps}
         metrics = {"time_to_first_token_ms": cfg["ttft_ms"], "queue_time_ms": 0.01,
-                   "generation_time_ms": cfg["step_ms"] * events}
+                   "generation_time_ms": cfg["step_ms"] * events, "speculative_decoding": spec}
         await resp.write(_event({"id": "cmpl-x", "choices": [], "usage": usage,
                                  "system_fingerprint": "vllm-0.32.0-fake0001", "metrics": metrics}))
         await resp.write(b"data: [DONE]\n\n")

@@ -156,6 +156,8 @@ def test_decode_cell_window_and_acceptance(fake, tmp_path):
     assert summary["validity"]["valid"], summary["validity"]
     assert summary["mean_tokens_per_chunk"] == 3.0
     assert summary["spec_decode_acceptance_length"] == 3.0  # fake: k − 1 accepted per step
+    assert summary["events_per_spec_step"] == 1.0  # no coalescing: one event per engine step
+    assert summary["request_acceptance_length"] == pytest.approx(3.0)  # 1 + Σaccepted / Σnum_spec_steps
     assert summary["decode_tok_s"] == pytest.approx(summary["decode_steps_per_s"] * 3)
 
 
