@@ -318,6 +318,12 @@ def _gather_size(cu: object, tokens: int, ceilings: Ceilings, gen: torch.Generat
     }
     # the first tuned form (NoPE and RoPE stored apart, byte-wise scales), beside the default
     impls["optimized[split-store]"] = call(kvg.launch_gather, max_gather_len=tokens, one_store=False)
+    if tokens in (49_152, 131_072):  # persistent-style grids: fewer programs looping over tiles
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
+        for per_sm in (6, 12, 24):
+            impls[f"optimized[{per_sm} programs/SM]"] = call(
+                kvg.launch_gather, max_gather_len=tokens, max_programs=per_sm * sms
+            )
     if tokens in SWEEP_GATHER_AT:
         for bt, nw in GATHER_SWEEP:
             impls[f"optimized[T{bt},w{nw}]"] = call(

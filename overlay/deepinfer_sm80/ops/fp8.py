@@ -85,10 +85,12 @@ def f32_to_e4m3(x):
 
 @triton.jit
 def clamp_e4m3_range(x):
-    """The writers' pre-clamp to ±448 with NaN kept: plain tl.minimum/maximum lower to PTX min/max,
-    which return the non-NaN operand on the GPU (the interpreter's numpy would propagate it)."""
-    x = tl.maximum(x, -_E4M3_MAX, propagate_nan=tl.PropagateNan.ALL)
-    return tl.minimum(x, _E4M3_MAX, propagate_nan=tl.PropagateNan.ALL)
+    """The writers' pre-clamp to ±448 with the input NaN kept, sign and all. Plain tl.minimum/maximum
+    lower to PTX min/max, which return the non-NaN operand on the GPU (the interpreter's numpy
+    propagates it), and propagate_nan=ALL returns a canonical +NaN: both lose what the hardware
+    conversion keeps (H200 runs of 2026-11-29: 0xFE, then 0x7F, where the cast gives 0xFF)."""
+    clamped = tl.minimum(tl.maximum(x, -_E4M3_MAX), _E4M3_MAX)
+    return tl.where(x != x, x, clamped)
 
 
 # ----------------------------------------------------------------------------- test kernels

@@ -291,13 +291,14 @@ def launch_gather(
     block_t: int = BLOCK_T,
     num_warps: int = NUM_WARPS,
     one_store: bool = True,
+    max_programs: int = _MAX_PROGRAMS,
 ) -> None:
     """The optimized kernel's launch, unchecked; tile shape and store form are knobs for the bench."""
     num_reqs = seq_lens.shape[0]
     bound = out.shape[1] - offset if max_gather_len is None else min(max_gather_len, out.shape[1] - offset)
     if num_reqs == 0 or bound <= 0:
         return
-    tiles = min(triton.cdiv(bound, block_t), max(1, _MAX_PROGRAMS // num_reqs))
+    tiles = min(triton.cdiv(bound, block_t), max(1, max_programs // num_reqs))
     _gather_kernel[(tiles, num_reqs)](
         out,
         out.stride(0),
