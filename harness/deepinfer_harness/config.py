@@ -127,7 +127,6 @@ class Validity:
     loop_lag_max_ms: float = 50.0
     first_request_factor: float = 3.0
     inflight_fraction: float = 0.95
-    idle_gate: bool = True
     reset_prefix_cache: bool = False
 
 

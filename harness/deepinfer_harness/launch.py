@@ -80,8 +80,9 @@ def build_launch(profile: Profile, variant: str, model: str, run_id: str, sessio
         argv = [sys.executable if part == "{python}" else part for part in srv.command] + args
         return Launch(variant, "local", base_url, argv, env, args, nice=srv.nice)
     name = container_name(run_id, variant, session)
-    docker = ["docker", "run", "--rm", "--name", name, "--gpus", "all", "--ipc=host", "--network=host",
-              "-v", f"{model}:{model}:ro"]
+    docker = ["docker", "run", "--rm", "--name", name, "--gpus", "all", "--ipc=host", "--network=host"]
+    if model.startswith("/"):  # a local checkpoint is mounted at the same path; a hub id is not
+        docker += ["-v", f"{model}:{model}:ro"]
     for key, value in sorted(env.items()):
         docker += ["-e", f"{key}={value}"]
     docker += [*srv.docker_args, "--entrypoint", "python3", srv.images[variant], *SERVE_MODULE, *args]

@@ -1,8 +1,8 @@
 """Cell recipes (HARNESS.md §2): cold prefill / TTFT, closed-loop decode, prompt-logprob NLL, greedy.
 
-Each recipe only drives traffic and records raw facts (request JSONL, metric scrapes labelled
-`before`/`after`, the decode window, loop lag); every check and metric is computed later from
-those files by `summarize`.
+The runner applies the idle gate first. Each recipe only drives traffic and records raw facts
+(request JSONL, metric scrapes labelled `before`/`after`, the decode window, loop lag); every
+check and metric is computed later from those files by `summarize`.
 """
 
 from __future__ import annotations
@@ -20,9 +20,8 @@ DECODE_EXTENSION_FACTOR = 3  # the window may grow to 3× window_s to reach min_
 
 
 async def run_prefill(ctx: CellContext) -> None:
-    """prefill-cold and ttft cells: idle gate, warmup at the same ISL, scrape, n requests, scrape."""
+    """prefill-cold and ttft cells: warmup at the same ISL, scrape, n requests, scrape."""
     cell, cdef = ctx.cdef.cell, ctx.cdef
-    await ctx.idle_gate()
     warm = [lambda w, i=i: ctx.stream(WARMUP_INDEX_BASE + i, "warmup", w,
                                       ctx.corpus.prompt(cell.isl, WARMUP_INDEX_BASE + i), 1, False)
             for i in range(cdef.warmup * cell.concurrency)]
@@ -37,7 +36,6 @@ async def run_prefill(ctx: CellContext) -> None:
 
 async def run_greedy(ctx: CellContext) -> None:
     cell, cdef = ctx.cdef.cell, ctx.cdef
-    await ctx.idle_gate()
     await ctx.scrape("before")
     with ctx.bar(cdef.n) as bar:
         jobs = [lambda w, i=i: ctx.stream(i, "measure", w, ctx.corpus.prompt(cell.isl, i), cell.osl, True)
@@ -48,7 +46,6 @@ async def run_greedy(ctx: CellContext) -> None:
 
 async def run_nll(ctx: CellContext) -> None:
     cell, cdef = ctx.cdef.cell, ctx.cdef
-    await ctx.idle_gate()
 
     async def score(index: int, phase: str) -> None:
         prompt = ctx.corpus.prompt(cell.isl, index)
@@ -99,7 +96,6 @@ async def run_decode(ctx: CellContext) -> None:
     cell, cdef = ctx.cdef.cell, ctx.cdef
     c = cell.concurrency
     state = _DecodeState(c)
-    await ctx.idle_gate()
     t_start = time.perf_counter_ns()
 
     async def worker(w: int) -> None:

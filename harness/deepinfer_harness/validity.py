@@ -138,4 +138,7 @@ def check_run(cell: Cell, records: list[RequestRecord], measured: list[RequestRe
         elif share < limits["inflight_fraction"]:
             violations.append(f"in-flight = C for {100 * share:.0f}% of the window < "
                               f"{100 * limits['inflight_fraction']:.0f}%")
+        steps, wanted = summary.get("window_request_steps", 0), facts.get("min_steps", 0)
+        if share is not None and steps < wanted:
+            violations.append(f"decode window has {steps} request-steps < {wanted}")
     return {"valid": not violations, "violations": violations, "not_checked": not_checked}
