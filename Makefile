@@ -60,6 +60,7 @@ bench-ab: setup
 
 charts: setup
 	$(PY) -m deepinfer_harness charts --results results --charts charts
+	$(PY) scripts/kernel_charts.py results/gpu charts/kernels
 
 clean:
 	rm -rf $(VENV) $(CACHE) $(BUNDLE)
