@@ -122,8 +122,13 @@ def nll_deltas(numerics: pd.DataFrame) -> Figure:
                 means.append(item["dnll_abs_mean"])
                 maxes.append(item["dnll_abs_max"])
     x = range(len(labels))
-    ax.bar([i - 0.2 for i in x], means, 0.4, label="mean |ΔNLL|")
-    ax.bar([i + 0.2 for i in x], maxes, 0.4, label="max |ΔNLL|")
+    for offset, values, name in ((-0.2, means, "mean |ΔNLL|"), (0.2, maxes, "max |ΔNLL|")):
+        bars = ax.bar([i + offset for i in x], values, 0.4, label=name)
+        ax.bar_label(bars, [f"{v:.2g}" for v in values], fontsize=7)
+    ax.set_ylim(0, max([*maxes, 1e-6]) * 1.3)
+    if maxes and max(maxes) == 0:
+        ax.text(0.5, 0.5, "every compared prompt logprob is bit-identical", transform=ax.transAxes,
+                ha="center", fontsize=9)
     ax.set_xticks(list(x), labels, fontsize=7)
     ax.set_ylabel("nats per token")
     ax.set_title("Prompt-logprob deltas (A/B vs A/A)")
@@ -132,8 +137,11 @@ def nll_deltas(numerics: pd.DataFrame) -> Figure:
     return fig
 
 
-def save(fig: Figure, out: Path, name: str) -> list[Path]:
+def save(fig: Figure, out: Path, name: str, note: str | None = None) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
+    if note:  # e.g. "CPU smoke A/A …": the caption travels with the picture
+        fig.subplots_adjust(bottom=fig.subplotpars.bottom + 0.06)
+        fig.text(0.01, 0.01, note, fontsize=6, wrap=True)
     paths = [out / f"{name}.png", out / f"{name}.svg"]
     fig.savefig(paths[0], dpi=120, metadata={"Software": None})
     fig.savefig(paths[1], metadata={"Date": None})
@@ -144,16 +152,17 @@ def save(fig: Figure, out: Path, name: str) -> list[Path]:
 def charts_for_run(run_dir: Path, out: Path) -> list[Path]:
     summary, ab = read_json(run_dir / "summary.json"), read_json(run_dir / "ab.json")
     runs, rows, labels = runs_frame(summary), ab_frame(ab), _labels(summary)
+    note = summary["provenance"].get("note")
     written: list[Path] = []
     if not rows.empty and rows["metric"].isin(["prefill_tok_s", "decode_tok_s"]).any():
-        written += save(throughput_ab(rows, labels), out, "throughput_ab")
+        written += save(throughput_ab(rows, labels), out, "throughput_ab", note)
     if not runs.empty and (runs["kind"] == "decode").any():
-        written += save(decode_scaling(runs, labels), out, "decode_scaling")
+        written += save(decode_scaling(runs, labels), out, "decode_scaling", note)
     if not runs.empty and runs["kind"].isin(["prefill-cold", "ttft"]).any():
-        written += save(prefill_by_isl(runs, labels), out, "prefill_by_isl")
+        written += save(prefill_by_isl(runs, labels), out, "prefill_by_isl", note)
     numerics = pd.DataFrame(ab["numerics"])
     if not numerics.empty and any(len(x) for x in numerics.get("ab", [])):
-        written += save(nll_deltas(numerics), out, "nll_deltas")
+        written += save(nll_deltas(numerics), out, "nll_deltas", note)
     return written
 
 

@@ -107,7 +107,8 @@ def write_tables(layout: RunLayout, runs: list[dict[str, Any]], ab: dict[str, An
                           "mark": r["mark"], "underpowered": r["underpowered"]} for r in ab["rows"]])
     rows.to_csv(layout.root / "ab.csv", index=False)
     text = ["# A/B results", "", "Marks: `-` better, `+` worse, `~` within noise, `!` errors, "
-            "`x` not comparable. B/A ratios with paired-bootstrap 95 % CIs.", ""]
+            "`x` not comparable, `?` underpowered (< 5 pairs, no claim). B/A ratios with paired-bootstrap "
+            "95 % CIs.", ""]
     text += [markdown(rows) if not rows.empty else "(no comparable rows)", ""]
     text += ["## Runs", "", markdown(frame) if not frame.empty else "(none)", ""]
     for num in ab["numerics"]:

@@ -74,11 +74,14 @@ def pairs_needed(sigma_d: float, delta: float) -> int:
 
 def mark(ci: RatioCI | None, higher_is_better: bool, floor: float | None, valid: bool,
          comparable: bool) -> str:
-    """asv marks: '-' better, '+' worse, '~' within noise, '!' errors, 'x' not comparable."""
+    """asv marks: '-' better, '+' worse, '~' within noise, '!' errors, 'x' not comparable, plus
+    '?' underpowered (< 5 pairs): a 2-pair "CI" is the range of two log-ratios, no basis for a claim."""
     if not comparable:
         return "x"
     if not valid or ci is None:
         return "!"
+    if ci.n_pairs < UNDERPOWERED_PAIRS:
+        return "?"
     if ci.ci_low <= 1.0 <= ci.ci_high or (floor is not None and abs(math.log(ci.ratio)) <= floor):
         return "~"
     better = ci.ratio > 1.0 if higher_is_better else ci.ratio < 1.0

@@ -97,6 +97,7 @@ def test_marks_and_power():
     assert mark(RatioCI(0.995, 0.994, 0.996, 6), True, 0.01, True, True) == "~"  # inside the A/A floor
     assert mark(RatioCI(0.8, 0.78, 0.82, 6), True, 0.01, False, True) == "!"
     assert mark(RatioCI(0.8, 0.78, 0.82, 6), True, 0.01, True, False) == "x"
+    assert mark(RatioCI(0.8, 0.78, 0.82, 2), True, 0.01, True, True) == "?"  # two pairs: no claim
     assert noise_floor(RatioCI(1.0, math.exp(-0.02), math.exp(0.02), 4)) == pytest.approx(0.02)
     assert pairs_needed(0.01, 0.02) == math.ceil((2.8 * 0.01 / math.log(1.02)) ** 2)
     assert mde(np.array([0.01, -0.01, 0.02, -0.02]), 4) == pytest.approx(
