@@ -36,6 +36,12 @@ COMPARED_METRICS = {
 }
 
 
+def metrics_for(kind: str, runs: list[dict[str, Any]]) -> list[str]:
+    """The kind's fixed metrics plus per-position acceptance (the acceptance gate) when present."""
+    positions = sorted({k for r in runs for k in r if k.startswith("spec_decode_accept_p")})
+    return COMPARED_METRICS[kind] + (positions if kind == "decode" else [])
+
+
 def higher_is_better(metric: str) -> bool:
     base = metric.removeprefix("median_").removeprefix("mean_").removeprefix("p99_")
     known = METRICS.get(base) or METRICS.get(metric)
@@ -86,8 +92,9 @@ def compare_metric(runs: list[dict[str, Any]], metric: str, comparable: bool, re
     }
     if metric == "decode_tok_s":
         parts = {}
-        for name, key in (("step_rate_ratio", "decode_steps_per_s"),
-                          ("acceptance_length_ratio", "mean_tokens_per_chunk")):
+        counters = all(ra[k].get("spec_decode_acceptance_length") for k in reps)
+        al_key = "spec_decode_acceptance_length" if counters else "mean_tokens_per_chunk"
+        for name, key in (("step_rate_ratio", "decode_steps_per_s"), ("acceptance_length_ratio", al_key)):
             part = bootstrap_ratio([ra[k].get(key) for k in reps], [rb[k].get(key) for k in reps], 1, seed)
             parts[name] = part.ratio if part else None
         row["components"] = parts

@@ -13,7 +13,7 @@ from typing import Any
 import pandas as pd
 
 from deepinfer_harness import SCHEMA_VERSION, __version__
-from deepinfer_harness.ab import COMPARED_METRICS, compare_metric, numerics
+from deepinfer_harness.ab import compare_metric, metrics_for, numerics
 from deepinfer_harness.layout import RunLayout, read_json, write_json
 from deepinfer_harness.summarize import summarize_from_files
 
@@ -74,7 +74,7 @@ def summarize_run_dir(layout: RunLayout) -> dict[str, Any]:
         cell_runs = [r for r in runs if r["cell_id"] == cell_id]
         same_def = all(r.get("definition_sha256") == definitions.get(cell_id) for r in cell_runs)
         kind = cell_runs[0]["kind"]
-        for metric in COMPARED_METRICS[kind]:
+        for metric in metrics_for(kind, cell_runs):
             delta = ab_cfg["deltas"].get(metric.removeprefix("median_").removeprefix("mean_"))
             row = compare_metric(cell_runs, metric, parity_ok and same_def, ab_cfg["bootstrap_resamples"],
                                  ab_cfg["seed"], delta)

@@ -26,9 +26,17 @@ class RatioCI:
     method: str = "paired_bootstrap_logratio"
 
 
-def log_ratios(a: list[float], b: list[float]) -> np.ndarray:
-    pairs = [(x, y) for x, y in zip(a, b, strict=False) if x and y and x > 0 and y > 0]
-    return np.array([math.log(y / x) for x, y in pairs], dtype=float)
+def log_ratios(a: list[float | None], b: list[float | None]) -> np.ndarray:
+    """ln(b/a) per pair; equal values (zeros included, e.g. an acceptance rate of 0) give 0."""
+    out = []
+    for x, y in zip(a, b, strict=False):
+        if not isinstance(x, int | float) or not isinstance(y, int | float):
+            continue
+        if x == y and math.isfinite(x):
+            out.append(0.0)
+        elif x > 0 and y > 0 and math.isfinite(x) and math.isfinite(y):
+            out.append(math.log(y / x))
+    return np.array(out, dtype=float)
 
 
 def bootstrap_ratio(a: list[float], b: list[float], resamples: int = 10_000, seed: int = 0,

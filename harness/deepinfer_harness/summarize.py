@@ -46,7 +46,8 @@ def spec_decode(d: dict[str, float]) -> dict[str, Any]:
                      if k.startswith(SPEC + "num_accepted_tokens_per_pos_total{"))
     p = [v / drafts for _, v in per_pos]
     q = [p[0], *[(b / a if a else float("nan")) for a, b in itertools.pairwise(p)]] if p else []
-    return {"spec_decode_num_drafts": drafts, "spec_decode_draft_tokens": draft_tokens,
+    positions = {f"spec_decode_accept_p{i}": v for i, v in enumerate(p)}  # scalar per position: A/B-able
+    return positions | {"spec_decode_num_drafts": drafts, "spec_decode_draft_tokens": draft_tokens,
             "spec_decode_accepted_tokens": accepted,
             "spec_decode_acceptance_rate": 100 * accepted / draft_tokens if draft_tokens else None,
             "spec_decode_acceptance_length": 1 + accepted / drafts,

@@ -30,7 +30,7 @@ class State:
     def reset_counters(self) -> None:
         self.created = time.time()
         self.c = {"prompt_tokens": 0, "success": 0, "generation": 0, "drafts": 0, "draft_tokens": 0,
-                  "accepted": 0, "requests_seen": 0}
+                  "accepted": 0, "requests_seen": 0, "per_pos": [0] * 5}
 
 
 def _event(obj: dict) -> bytes:
@@ -69,10 +69,12 @@ async def completions(request: web.Request) -> web.StreamResponse:
             sent += n
             events += 1
             st.c["generation"] += n
-            if events > 1:
+            if events > 1:  # one speculative step: K=5 drafts, the first n − 1 accepted
                 st.c["drafts"] += 1
                 st.c["draft_tokens"] += 5
                 st.c["accepted"] += n - 1
+                for pos in range(min(n - 1, 5)):
+                    st.c["per_pos"][pos] += 1
             if cfg["mode"] == "error_after_200" and events == cfg["fail_after_events"]:
                 await resp.write(_event({"error": {"message": "engine failed", "type": "InternalError",
                                                    "param": None, "code": 500}}))
@@ -142,6 +144,9 @@ async def metrics(request: web.Request) -> web.Response:
     counter("spec_decode_num_drafts", c["drafts"])
     counter("spec_decode_num_draft_tokens", c["draft_tokens"])
     counter("spec_decode_num_accepted_tokens", c["accepted"])
+    lines.append("# TYPE vllm:spec_decode_num_accepted_tokens_per_pos counter")
+    for pos, v in enumerate(c["per_pos"]):
+        lines.append(f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{{lab},position="{pos}"}} {v}')
     lines.append("# TYPE vllm:num_requests_running gauge")
     lines.append(f"vllm:num_requests_running{{{lab}}} {st.running}")
     lines.append("# TYPE vllm:num_requests_waiting gauge")

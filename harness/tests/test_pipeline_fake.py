@@ -36,6 +36,7 @@ def bench(tmp_path, profile, *extra):
 
 def test_full_pipeline_resume_and_charts(fake, tmp_path, capsys):
     profile = write_profile(tmp_path, fake.url)
+    fake.configure(tokens_per_chunk=3)  # 2 of K=5 drafts accepted per step
     assert bench(tmp_path, profile) == 0
     layout = RunLayout(tmp_path / "results" / "fake")
     summary = read_json(layout.summary)
@@ -53,6 +54,10 @@ def test_full_pipeline_resume_and_charts(fake, tmp_path, capsys):
     decode = next(r for r in ab["rows"] if r["metric"] == "decode_tok_s")
     assert decode["ci_low"] <= decode["ratio"] <= decode["ci_high"] and decode["n_pairs"] == 2
     assert set(decode["components"]) == {"step_rate_ratio", "acceptance_length_ratio"}
+    gate = {r["metric"]: r for r in ab["rows"] if r["cell_id"] == "decode-i64-o32-c4"}
+    assert gate["spec_decode_accept_p0"]["a"]["estimate"] == 1.0  # every step accepts ≥ 1 draft
+    assert gate["spec_decode_accept_p2"]["ratio"] == 1.0  # 0 vs 0: equal, not undefined
+    assert 2.8 < gate["spec_decode_acceptance_length"]["a"]["estimate"] < 3.0  # last chunk of 32 has 2
     nll = next(n for n in ab["numerics"] if n["kind"] == "nll")
     assert nll["ab"][0]["dnll_abs_max"] == 0.0 and nll["ab"][0]["top1_agreement"] == 1.0
     greedy = next(n for n in ab["numerics"] if n["kind"] == "greedy")
