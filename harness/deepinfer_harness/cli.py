@@ -28,7 +28,7 @@ from deepinfer_harness.cells import format_cell
 from deepinfer_harness.charts import all_charts, charts_for_run
 from deepinfer_harness.config import ConfigError, Profile, load_profile
 from deepinfer_harness.layout import RunLayout
-from deepinfer_harness.manifest import DefinitionMismatch, finalize_manifest, init_manifest
+from deepinfer_harness.manifest import DefinitionMismatch, finalize_manifest, foreign_host, init_manifest
 from deepinfer_harness.plan import abba_schedule, build_cells, session_order
 from deepinfer_harness.report import summarize_run_dir
 from deepinfer_harness.runner import RunOptions, dry_run_lines, run_all
@@ -69,7 +69,7 @@ def cmd_bench_ab(args: argparse.Namespace) -> int:
     model = args.model or profile.model
     note = None
     if model is None:
-        model, note = str(TINY_MODEL_DIR.resolve()), TINY_NOTE
+        model, note = str(TINY_MODEL_DIR), TINY_NOTE  # relative: the manifest stays host-independent
         if not args.dry_run:
             from deepinfer_harness.tiny_model import build_tiny_model
 
@@ -84,7 +84,10 @@ def cmd_bench_ab(args: argparse.Namespace) -> int:
     if args.dry_run:
         print("\n".join(dry_run_lines(profile, sessions, cells, model, run_id, layout.root)))
         return 0
-    if args.fresh and layout.root.exists():
+    other = foreign_host(layout)
+    if other:
+        print(f"{layout.root} was started on another host ({other}); setting it aside", file=sys.stderr)
+    if (args.fresh or other) and layout.root.exists():
         layout.root.rename(layout.root.with_name(f"{run_id}.prev-{time.strftime('%Y%m%dT%H%M%S')}"))
     manifest = init_manifest(layout, profile, cells, sessions, run_id, model, note)
     opts = RunOptions(run_id=run_id, model=model, served_model=served, progress=not args.no_progress)

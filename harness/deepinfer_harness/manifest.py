@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import platform
 import subprocess
 import sys
 import time
@@ -26,6 +28,28 @@ def git_sha(where: Path) -> str | None:
     res = subprocess.run(["git", "-C", str(where), "rev-parse", "HEAD"], capture_output=True, text=True,
                          check=False)
     return res.stdout.strip() or None
+
+
+def host_id() -> str:
+    """Stable identity of the client host (name, machine-id, CPU, RAM): a run never resumes across hosts."""
+    parts = [platform.node()]
+    sources = (("/etc/machine-id", None), ("/proc/cpuinfo", "model name"), ("/proc/meminfo", "MemTotal"))
+    for path, key in sources:
+        try:
+            text = Path(path).read_text()
+        except OSError:
+            continue
+        lines = [ln for ln in text.splitlines() if key is None or ln.startswith(key)]
+        parts.append(lines[0] if lines else "")
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:12]
+
+
+def foreign_host(layout: RunLayout) -> str | None:
+    """The host id an existing run was started on, if it is not this host."""
+    if not layout.manifest.exists():
+        return None
+    other = read_json(layout.manifest).get("harness", {}).get("host_id")
+    return other if other and other != host_id() else None
 
 
 def _version(dist: str) -> str | None:
@@ -55,7 +79,7 @@ def init_manifest(layout: RunLayout, profile: Profile, cells: list[CellDef], ses
         "model": model, "note": note,
         "harness": {"version": __version__, "git_sha": git_sha(Path(__file__).parent),
                     "python": sys.version.split()[0], "aiohttp": _version("aiohttp"),
-                    "corpus_text_sha256": text_sha256()},
+                    "corpus_text_sha256": text_sha256(), "host_id": host_id()},
         "profile": profile_dict(profile), "cells": cell_rows,
         "schedule": [dataclasses.asdict(s) for s in sessions], "sessions": {},
     }

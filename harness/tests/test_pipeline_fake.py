@@ -132,3 +132,18 @@ def test_summary_is_schema_versioned_json(fake, tmp_path):
     for key in ("duration", "completed", "failed", "total_input_tokens", "request_throughput",
                 "mean_ttft_ms", "p99_ttft_ms", "validity", "metrics_delta", "definition_sha256"):
         assert key in run
+
+
+def test_run_from_another_host_is_set_aside(fake, tmp_path):
+    plan = {**PLAN, "decode": {**PLAN["decode"], "concurrencies": []}, "nll": [],
+            "greedy": {**PLAN["greedy"], "concurrencies": []}, "ttft_isls": [],
+            "prefill": {"isls": [64], "n": 2, "concurrent": []}}
+    profile = write_profile(tmp_path, fake.url, plan=plan)
+    assert bench(tmp_path, profile, "--no-charts") == 0
+    layout = RunLayout(tmp_path / "results" / "fake")
+    manifest = read_json(layout.manifest)
+    manifest["harness"]["host_id"] = "elsewhere"
+    layout.manifest.write_text(json.dumps(manifest))
+    assert bench(tmp_path, profile, "--no-charts") == 0
+    assert read_json(layout.manifest)["harness"]["host_id"] != "elsewhere"
+    assert len(list((tmp_path / "results").glob("fake.prev-*"))) == 1
