@@ -1,7 +1,6 @@
-"""Realistic random inputs for the fp8_ds_mla cache and the prefill index combiner (SPEC.md §2.1, §3.1).
+"""Realistic random prefill chunks for the TopK+SWA index combiner (SPEC.md §3.1); never all -1.
 
-Never zeros: data bytes are random finite e4m3 codes, scales are the encoders' range 105..247,
-RoPE halves are random bf16 normals.
+Paged fp8_ds_mla caches for benches come from `bench.kv_cache.random_pool` / `block_table_for`.
 """
 
 from __future__ import annotations
@@ -9,59 +8,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-
-RECORD_BYTES = 584  # 448 e4m3 NoPE + 64 bf16 RoPE + 8 scale bytes
-DATA_BYTES = 576  # per-token data part of a page (NoPE + RoPE)
-SCALE_BYTES = 8
-PAGE_ALIGN = 576
-
-
-def page_bytes(block_size: int) -> int:
-    """round_up(block_size * 584, 576): the bytes one page of `block_size` tokens occupies."""
-    return -(-block_size * RECORD_BYTES // PAGE_ALIGN) * PAGE_ALIGN
-
-
-@dataclass(frozen=True)
-class PagedCache:
-    k_cache: torch.Tensor  # [num_blocks, block_size, 584] uint8 view with stride(0) = page bytes
-    block_table: torch.Tensor  # [R, max_blocks] int32, a random permutation of the blocks
-    seq_lens: torch.Tensor  # [R] int32
-    block_size: int
-
-
-def random_paged_cache(
-    seq_lens: list[int], block_size: int, *, device: str, generator: torch.Generator | None = None
-) -> PagedCache:
-    """Pages filled with valid random records, blocks scattered through the pool in random order."""
-    blocks_per_req = [-(-s // block_size) for s in seq_lens]
-    num_blocks = sum(blocks_per_req) + 1
-    pb = page_bytes(block_size)
-    pool = torch.randint(0, 256, (num_blocks, pb), dtype=torch.uint8, generator=generator)
-    data = pool[:, : block_size * DATA_BYTES].view(num_blocks, block_size, DATA_BYTES)
-    nope = data[:, :, :448]
-    nope[(nope & 0x7F) == 0x7F] = 0x7E  # finite codes only: timing inputs carry no NaN
-    rope = torch.randn(num_blocks, block_size, 64, generator=generator).to(torch.bfloat16)
-    data[:, :, 448:] = rope.view(torch.uint8).view(num_blocks, block_size, 128)
-    scales = pool[:, block_size * DATA_BYTES : block_size * RECORD_BYTES].view(num_blocks, block_size, 8)
-    scales[:, :, :7] = torch.randint(
-        105, 248, (num_blocks, block_size, 7), dtype=torch.uint8, generator=generator
-    )
-    scales[:, :, 7] = 0
-    pool = pool.to(device)
-    k_cache = pool.as_strided((num_blocks, block_size, RECORD_BYTES), (pb, RECORD_BYTES, 1))
-    perm = torch.randperm(num_blocks, generator=generator).to(torch.int32)
-    width = max(blocks_per_req)
-    table = torch.full((len(seq_lens), width), -1, dtype=torch.int32)
-    start = 0
-    for r, nb in enumerate(blocks_per_req):
-        table[r, :nb] = perm[start : start + nb]
-        start += nb
-    return PagedCache(
-        k_cache=k_cache,
-        block_table=table.to(device),
-        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
-        block_size=block_size,
-    )
 
 
 @dataclass(frozen=True)

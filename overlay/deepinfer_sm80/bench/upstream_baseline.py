@@ -11,7 +11,8 @@ from pathlib import Path
 
 import torch
 
-from deepinfer_sm80.bench.inputs import RECORD_BYTES, random_combine_inputs, random_paged_cache
+from deepinfer_sm80.bench.inputs import random_combine_inputs
+from deepinfer_sm80.bench.kv_cache import GATHER_BYTES_PER_TOKEN, block_table_for, random_pool
 from deepinfer_sm80.testing.bench import Ceilings, format_line, input_sets_needed, summarize, time_graph
 
 GATHER_TOKENS = (16_384, 49_152)
@@ -73,17 +74,22 @@ def _bench_combine(cu: object, ratio: int, ceilings: Ceilings, gen: torch.Genera
 
 
 def _bench_gather(cu: object, tokens: int, ceilings: Ceilings, gen: torch.Generator) -> dict[str, object]:
-    bytes_moved = tokens * (RECORD_BYTES + 512 * 2)
+    bytes_moved = tokens * GATHER_BYTES_PER_TOKEN
+    num_blocks = -(-tokens // GATHER_BLOCK_SIZE) + 1
     sets = [
-        random_paged_cache([tokens], GATHER_BLOCK_SIZE, device="cuda", generator=gen)
+        (
+            random_pool(num_blocks, GATHER_BLOCK_SIZE, gen, valid=True),
+            block_table_for([tokens], num_blocks, GATHER_BLOCK_SIZE, gen),
+            torch.empty(1, tokens, 512, dtype=torch.bfloat16, device="cuda"),
+        )
         for _ in range(input_sets_needed(bytes_moved, limit=8))
     ]
-    outs = [torch.empty(1, tokens, 512, dtype=torch.bfloat16, device="cuda") for _ in sets]
+    seq_lens = torch.tensor([tokens], dtype=torch.int32, device="cuda")
 
     def call(i: int) -> object:
-        c = sets[i]
+        k_cache, table, out = sets[i]
         return cu.dequantize_and_gather_k_cache_triton(  # type: ignore[attr-defined]
-            outs[i], c.k_cache, c.seq_lens, None, c.block_table, c.block_size, 0, max_gather_len=tokens
+            out, k_cache, seq_lens, None, table, GATHER_BLOCK_SIZE, 0, max_gather_len=tokens
         )
 
     samples = time_graph(call, len(sets), replays=10)
@@ -101,9 +107,12 @@ def _bench_gather(cu: object, tokens: int, ceilings: Ceilings, gen: torch.Genera
 def main(out_dir: Path, ceilings: Ceilings) -> dict[str, object]:
     import vllm.models.deepseek_v41.common.ops.cache_utils as cu  # the carried upstream tree
 
-    gen = torch.Generator().manual_seed(20261129)
+    cpu_gen = torch.Generator().manual_seed(20261129)  # the combiner's inputs are drawn on the CPU
+    gpu_gen = torch.Generator(device="cuda").manual_seed(20261129)  # the cache pages on the GPU
     return {
         "upstream": "vllm 0.32.0 (official wheel's Python tree)",
-        "combine_topk_swa_indices": [_bench_combine(cu, r, ceilings, gen) for r in (1, 2)],
-        "dequantize_and_gather_k_cache_triton": [_bench_gather(cu, t, ceilings, gen) for t in GATHER_TOKENS],
+        "combine_topk_swa_indices": [_bench_combine(cu, r, ceilings, cpu_gen) for r in (1, 2)],
+        "dequantize_and_gather_k_cache_triton": [
+            _bench_gather(cu, t, ceilings, gpu_gen) for t in GATHER_TOKENS
+        ],
     }
