@@ -32,7 +32,7 @@ GATHER_BLOCK_SIZE = 128  # compressed cache, ratio 1: 128 states per 74,880-byte
 INSERT_TOKENS = (1, 4, 16, 64, 1_536, 4_096, 8_192)
 INSERT_BLOCK_SIZE = 64
 # (BLOCK_T, num_warps) around the defaults; the first run swept (8|16|32|64, 4|8) and (1..16, 1..8)
-GATHER_SWEEP = ((8, 4), (32, 8), (16, 8), (16, 2), (8, 2), (32, 4), (64, 8))
+GATHER_SWEEP = ((16, 4), (4, 1), (8, 4), (16, 2), (32, 8))
 INSERT_SWEEP = ((4, 4), (8, 4), (16, 4))
 SWEEP_GATHER_AT = (49_152, 131_072, 1_048_576)
 SWEEP_INSERT_AT = (1_536, 4_096, 8_192)

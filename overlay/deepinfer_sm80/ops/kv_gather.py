@@ -184,10 +184,10 @@ def _gather_kernel(
 
 
 # ----------------------------------------------------------------------------- launchers
-# 16 tokens x 4 warps: 93 regs, 5 CTAs/SM on sm_80; on the H200 8x4, 16x8, 32x4, 32x8 and 64x8 were
-# 1-56% slower at 48K and 1M tokens (results/gpu/kv_cache-h200.json and its first run)
-BLOCK_T = 16
-NUM_WARPS = 4
+# 8 tokens x 2 warps (4 tokens a warp, small CTAs): on the H200 (run of a535ef5) 2-3% faster than
+# 16x4 at 48K/128K/1M; 8x4, 16x2, 16x8, 32x4, 32x8 and 64x8 were 4-17% slower than 16x4
+BLOCK_T = 8
+NUM_WARPS = 2
 _MAX_PROGRAMS = 1 << 17  # grid cap: programs loop over tiles beyond it
 
 
