@@ -18,12 +18,14 @@ from deepinfer_harness.metrics import METRICS
 from deepinfer_harness.records import read_records
 from deepinfer_harness.stats import (
     UNDERPOWERED_PAIRS,
+    RatioCI,
     bootstrap_ratio,
     log_ratios,
     mark,
     mde,
     noise_floor,
     pairs_needed,
+    two_level_ratio,
 )
 
 COMPARED_METRICS = {
@@ -61,19 +63,37 @@ def _aa_pairs(by_rep: dict[int, dict[str, Any]], metric: str) -> tuple[list[floa
     return a, b
 
 
+def _two_level(samples: dict[tuple[str, int], list[float]], left: list[tuple[str, int]],
+               right: list[tuple[str, int]], q: float, resamples: int, seed: int) -> RatioCI | None:
+    return two_level_ratio([samples.get(k, []) for k in left], [samples.get(k, []) for k in right], q,
+                           resamples, seed)
+
+
 def compare_metric(runs: list[dict[str, Any]], metric: str, comparable: bool, resamples: int,
-                   seed: int, delta: float | None = None) -> dict[str, Any] | None:
-    """One A/B row; `delta` is the relative change declared in advance for this metric (for power)."""
+                   seed: int, delta: float | None = None,
+                   samples: dict[tuple[str, int], list[float]] | None = None) -> dict[str, Any] | None:
+    """One A/B row; `delta` is the relative change declared in advance for this metric (for power).
+
+    With per-request `samples` ((variant, rep) → values) a `p<q>_` metric uses the two-level
+    bootstrap (pairs, then requests within each run) instead of one statistic per run.
+    """
     ra, rb = _by_rep(runs, "A"), _by_rep(runs, "B")
     reps = sorted(set(ra) & set(rb))
     a = [ra[k].get(metric) for k in reps]
     b = [rb[k].get(metric) for k in reps]
     if not any(isinstance(r.get(metric), int | float) for r in runs):
         return None
-    ci = bootstrap_ratio(a, b, resamples, seed)
     aa_a, aa_b = _aa_pairs(ra, metric)
     bb_a, bb_b = _aa_pairs(rb, metric)
-    aa = bootstrap_ratio(aa_a + bb_a, aa_b + bb_b, resamples, seed)
+    q = float(metric[1:metric.index("_")]) if metric.startswith("p") and samples else None
+    if q is not None and samples is not None:
+        aa_keys = [(v, k) for v, by in (("A", ra), ("B", rb)) for k in sorted(by)
+                   if k % 2 == 0 and k + 1 in by]
+        ci = _two_level(samples, [("A", k) for k in reps], [("B", k) for k in reps], q, resamples, seed)
+        aa = _two_level(samples, aa_keys, [(v, k + 1) for v, k in aa_keys], q, resamples, seed)
+    else:
+        ci = bootstrap_ratio(a, b, resamples, seed)
+        aa = bootstrap_ratio(aa_a + bb_a, aa_b + bb_b, resamples, seed)
     floor = noise_floor(aa)
     valid = all(r["validity"]["valid"] for r in runs) and bool(reps)
     clean = lambda xs: [x for x in xs if isinstance(x, int | float) and math.isfinite(x)]
@@ -83,7 +103,7 @@ def compare_metric(runs: list[dict[str, Any]], metric: str, comparable: bool, re
         "b": {"estimate": statistics.fmean(clean(b)) if clean(b) else None, "runs": b},
         "ratio": ci.ratio if ci else None, "ci_low": ci.ci_low if ci else None,
         "ci_high": ci.ci_high if ci else None, "n_pairs": ci.n_pairs if ci else 0,
-        "method": "paired_bootstrap_logratio",
+        "method": ci.method if ci else "paired_bootstrap_logratio",
         "aa_ratio": aa.ratio if aa else None, "aa_ci": [aa.ci_low, aa.ci_high] if aa else None,
         "noise_floor": floor, "mde": mde(log_ratios(aa_a + bb_a, aa_b + bb_b), len(reps)),
         "underpowered": len(reps) < UNDERPOWERED_PAIRS, "valid": valid, "delta": delta,

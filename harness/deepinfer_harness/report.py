@@ -15,6 +15,8 @@ import pandas as pd
 from deepinfer_harness import SCHEMA_VERSION, __version__
 from deepinfer_harness.ab import compare_metric, metrics_for, numerics
 from deepinfer_harness.layout import RunLayout, read_json, write_json
+from deepinfer_harness.metrics import ttft_ns
+from deepinfer_harness.records import read_records
 from deepinfer_harness.summarize import summarize_from_files
 
 RUN_COLUMNS = ["cell_id", "variant", "rep", "session", "completed", "failed", "median_ttft_ms",
@@ -53,6 +55,16 @@ def ab_line(row: dict[str, Any]) -> str:
             f"{ratio}  {row['mark']}  {ci}{under}")
 
 
+def ttft_samples(layout: RunLayout, runs: list[dict[str, Any]]) -> dict[tuple[str, int], list[float]]:
+    """Per-request client TTFT (ms) of each run's measured, successful requests."""
+    out = {}
+    for run in runs:
+        records = read_records(layout.run_file(run["cell_id"], run["variant"], run["rep"], "jsonl"))
+        measured = [r for r in records if r.phase == "measure" and r.ok]
+        out[(run["variant"], run["rep"])] = [t / 1e6 for r in measured if (t := ttft_ns(r)) is not None]
+    return out
+
+
 def summarize_run_dir(layout: RunLayout) -> dict[str, Any]:
     manifest = read_json(layout.manifest)
     limits = manifest["profile"]["validity"]
@@ -76,8 +88,9 @@ def summarize_run_dir(layout: RunLayout) -> dict[str, Any]:
         kind = cell_runs[0]["kind"]
         for metric in metrics_for(kind, cell_runs):
             delta = ab_cfg["deltas"].get(metric.removeprefix("median_").removeprefix("mean_"))
+            samples = ttft_samples(layout, cell_runs) if metric.startswith("p") and "ttft" in metric else None
             row = compare_metric(cell_runs, metric, parity_ok and same_def, ab_cfg["bootstrap_resamples"],
-                                 ab_cfg["seed"], delta)
+                                 ab_cfg["seed"], delta, samples)
             if row:
                 row["line"] = ab_line(row)
                 ab["rows"].append(row)

@@ -94,3 +94,27 @@ def mark(ci: RatioCI | None, higher_is_better: bool, floor: float | None, valid:
         return "~"
     better = ci.ratio > 1.0 if higher_is_better else ci.ratio < 1.0
     return "-" if better else "+"
+
+
+def two_level_ratio(a_samples: list[list[float]], b_samples: list[list[float]], q: float,
+                    resamples: int = 10_000, seed: int = 0, level: float = 0.95) -> RatioCI | None:
+    """Latency percentiles: resample pairs, then requests within each run (HARNESS.md §4).
+
+    a_samples[i] / b_samples[i] hold the per-request values of pair i; the statistic is the q-th
+    percentile of each run and the estimate exp(mean_i ln(P_q(b_i) / P_q(a_i))).
+    """
+    pairs = [(np.asarray(a, float), np.asarray(b, float)) for a, b in zip(a_samples, b_samples, strict=False)
+             if len(a) and len(b)]
+    if not pairs:
+        return None
+    rng = np.random.default_rng(seed)
+    est = float(np.exp(np.mean([np.log(np.percentile(b, q) / np.percentile(a, q)) for a, b in pairs])))
+
+    def inner(x: np.ndarray) -> np.ndarray:  # [resamples] percentile of resampled requests
+        return np.percentile(x[rng.integers(0, x.size, size=(resamples, x.size))], q, axis=1)
+
+    d = np.stack([np.log(inner(b) / inner(a)) for a, b in pairs])  # [pairs, resamples]
+    chosen = rng.integers(0, len(pairs), size=(resamples, len(pairs)))  # outer level: pairs
+    draws = d[chosen, np.arange(resamples)[:, None]].mean(axis=1)
+    lo, hi = np.quantile(draws, [(1 - level) / 2, (1 + level) / 2])
+    return RatioCI(est, float(np.exp(lo)), float(np.exp(hi)), len(pairs), "two_level_bootstrap")

@@ -115,3 +115,16 @@ def test_gpu_throttle_rule():
     assert gpu_violations([[ok, idle]]) == []
     assert "SM clock 1200" in gpu_violations([[slow]])[0]
     assert "0x40" in gpu_violations([[hot]])[0]
+
+
+def test_two_level_bootstrap_for_percentiles():
+    from deepinfer_harness.stats import two_level_ratio
+
+    rng = np.random.default_rng(3)
+    a = [list(rng.exponential(10.0, 400)) for _ in range(6)]
+    b = [list(1.25 * rng.exponential(10.0, 400)) for _ in range(6)]
+    ci = two_level_ratio(a, b, 90, resamples=2000, seed=1)
+    assert ci.method == "two_level_bootstrap" and ci.n_pairs == 6
+    assert ci.ci_low < 1.25 < ci.ci_high and ci.ci_low > 1.0
+    same = two_level_ratio(a, a, 90, resamples=2000, seed=1)
+    assert same.ratio == 1.0 and same.ci_low < 1.0 < same.ci_high  # within-run noise is kept

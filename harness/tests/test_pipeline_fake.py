@@ -54,6 +54,8 @@ def test_full_pipeline_resume_and_charts(fake, tmp_path, capsys):
     decode = next(r for r in ab["rows"] if r["metric"] == "decode_tok_s")
     assert decode["ci_low"] <= decode["ratio"] <= decode["ci_high"] and decode["n_pairs"] == 2
     assert set(decode["components"]) == {"step_rate_ratio", "acceptance_length_ratio"}
+    p99 = next(r for r in ab["rows"] if r["metric"] == "p99_ttft_ms")
+    assert p99["method"] == "two_level_bootstrap" and p99["ci_low"] <= p99["ratio"] <= p99["ci_high"]
     gate = {r["metric"]: r for r in ab["rows"] if r["cell_id"] == "decode-i64-o32-c4"}
     assert gate["spec_decode_accept_p0"]["a"]["estimate"] == 1.0  # every step accepts ≥ 1 draft
     assert gate["spec_decode_accept_p2"]["ratio"] == 1.0  # 0 vs 0: equal, not undefined
