@@ -10,6 +10,7 @@ VLLM_TREE := $(CACHE)/vllm-$(VLLM_VERSION)
 BUNDLE := .gpu-bundle
 PROFILE ?= smoke
 MODEL ?=
+BENCH_ARGS ?=
 
 .PHONY: setup fetch-vllm test lint test-cpu sm80-report gpu-bundle gpu-suite image bench-ab charts clean
 
@@ -55,8 +56,9 @@ image: fetch-vllm
 	DOCKER_BUILDKIT=1 docker build -f docker/Dockerfile.sm80 $(IMAGE_ARGS) --target baseline -t deepinfer-sm80:baseline .
 	DOCKER_BUILDKIT=1 docker build -f docker/Dockerfile.sm80 $(IMAGE_ARGS) --target deepinfer -t deepinfer-sm80:deepinfer .
 
+# BENCH_ARGS passes harness flags through, e.g. BENCH_ARGS="--fresh" or "--dry-run"
 bench-ab: setup
-	$(PY) -m deepinfer_harness bench-ab --profile $(PROFILE) $(if $(MODEL),--model $(MODEL))
+	$(PY) -m deepinfer_harness bench-ab --profile $(PROFILE) $(if $(MODEL),--model $(MODEL)) $(BENCH_ARGS)
 
 charts: setup
 	$(PY) -m deepinfer_harness charts --results results --charts charts

@@ -1,4 +1,4 @@
-"""Repository-level tests: pins, downloads, bundle recipe. They need no GPU and no interpreter."""
+"""Repository-level tests (pins, downloads, patches): no GPU, no interpreter; scripts/ on the path."""
 
 import sys
 from pathlib import Path

@@ -3,12 +3,14 @@
 import subprocess
 import sys
 import zipfile
+from pathlib import Path
 
 import pytest
-from conftest import ROOT
 from fetch_vllm import extract_tree
 from fetch_wheel import ChecksumError, fetch, sha256_of
 from pins import load_pins
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_tampered_wheel_is_refused_and_kept(tmp_path):

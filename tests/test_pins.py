@@ -2,10 +2,12 @@
 
 import re
 import subprocess
+from pathlib import Path
 
 import pytest
-from conftest import ROOT
 from pins import load_pins
+
+ROOT = Path(__file__).resolve().parent.parent
 
 PINNED_KEYS = (
     "VLLM_VERSION",
