@@ -13,6 +13,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import pandas as pd
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from deepinfer_harness import SCHEMA_VERSION
@@ -64,19 +65,24 @@ def throughput_ab(ab: pd.DataFrame, labels: dict[str, str]) -> Figure:
     return fig
 
 
+def _arm_lines(ax: Axes, d: pd.DataFrame, x: str, metric: str, labels: dict[str, str]) -> None:
+    """Every run of each arm as a dot, and the arm's mean per x as a line."""
+    for v in ("A", "B"):
+        sub = d[d["variant"] == v]
+        if sub.empty or metric not in sub:
+            continue
+        ax.scatter(sub[x], sub[metric], color=COLORS[v], alpha=0.5, s=14)
+        mean = sub.groupby(x)[metric].mean()
+        ax.plot(mean.index, mean.values, "-o", color=COLORS[v], label=labels[v])
+
+
 def decode_scaling(runs: pd.DataFrame, labels: dict[str, str]) -> Figure:
     """System decode tok/s and TPOT against concurrency, one line per arm, every run as a dot."""
     d = runs[runs["kind"] == "decode"]
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for ax, metric, unit in ((axes[0], "decode_tok_s", "decode tok/s (window)"),
                              (axes[1], "mean_tpot_ms", "mean TPOT (ms)")):
-        for v in ("A", "B"):
-            sub = d[d["variant"] == v]
-            if sub.empty or metric not in sub:
-                continue
-            ax.scatter(sub["concurrency"], sub[metric], color=COLORS[v], alpha=0.5, s=14)
-            mean = sub.groupby("concurrency")[metric].mean()
-            ax.plot(mean.index, mean.values, "-o", color=COLORS[v], label=labels[v])
+        _arm_lines(ax, d, "concurrency", metric, labels)
         ax.set_xscale("log", base=2)
         ax.set_xticks(sorted(d["concurrency"].unique()), [str(c) for c in sorted(d["concurrency"].unique())])
         ax.set_xlabel("concurrency C")
@@ -94,13 +100,7 @@ def prefill_by_isl(runs: pd.DataFrame, labels: dict[str, str]) -> Figure:
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for ax, metric, unit in ((axes[0], "median_ttft_ms", "median TTFT (ms)"),
                              (axes[1], "prefill_tok_s", "prefill tok/s (ISL / server TTFT)")):
-        for v in ("A", "B"):
-            sub = d[d["variant"] == v]
-            if sub.empty or metric not in sub:
-                continue
-            ax.scatter(sub["isl"], sub[metric], color=COLORS[v], alpha=0.5, s=14)
-            mean = sub.groupby("isl")[metric].mean()
-            ax.plot(mean.index, mean.values, "-o", color=COLORS[v], label=labels[v])
+        _arm_lines(ax, d, "isl", metric, labels)
         ax.set_xscale("log", base=2)
         ax.set_xlabel("prompt length (tokens)")
         ax.set_ylabel(unit)
