@@ -16,7 +16,7 @@ import triton.language as tl
 
 from deepinfer_sm80.ops import kv_gather as kvg
 from deepinfer_sm80.ops import kv_quant_insert as kvi
-from deepinfer_sm80.ops.fp8_ds_mla import DATA_BYTES, RECORD_BYTES, SCALE_BYTES, page_bytes, token_views
+from deepinfer_sm80.formats.fp8_ds_mla import DATA_BYTES, RECORD_BYTES, SCALE_BYTES, page_bytes, token_views
 from deepinfer_sm80.testing.bench import (
     Ceilings,
     Timing,

@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from deepinfer_sm80.ops.fp8 import e4m3_decode_ref, e4m3_to_f32, ue8m0_decode_ref, ue8m0_to_f32
-from deepinfer_sm80.ops.fp8_ds_mla import (
+from deepinfer_sm80.formats.fp8_ds_mla import (
     DATA_BYTES,
     GROUP,
     HEAD_DIM,

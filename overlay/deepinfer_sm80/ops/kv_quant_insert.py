@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from deepinfer_sm80.ops.fp8 import E4M3_MAX, e4m3_encode_ref, f32_to_e4m3
-from deepinfer_sm80.ops.fp8_ds_mla import (
+from deepinfer_sm80.formats.fp8_ds_mla import (
     AMAX_FLOOR,
     DATA_BYTES,
     GROUP,

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from deepinfer_sm80.ops import kv_gather as kvg
-from deepinfer_sm80.ops.fp8_ds_mla import RECORD_BYTES, make_k_cache, page_bytes, token_views
+from deepinfer_sm80.formats.fp8_ds_mla import RECORD_BYTES, make_k_cache, page_bytes, token_views
 from deepinfer_sm80.testing.compare import assert_bitwise_equal
 from deepinfer_sm80.testing.gates import interpreting, requires_cuda, test_device
 

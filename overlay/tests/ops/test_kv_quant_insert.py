@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from deepinfer_sm80.ops import kv_quant_insert as kvi
 from deepinfer_sm80.ops.fp8 import e4m3_decode_ref, e4m3_encode_ref
-from deepinfer_sm80.ops.fp8_ds_mla import RECORD_BYTES, make_k_cache, token_views
+from deepinfer_sm80.formats.fp8_ds_mla import RECORD_BYTES, make_k_cache, token_views
 from deepinfer_sm80.testing.compare import assert_bitwise_equal
 from deepinfer_sm80.testing.gates import requires_cuda, test_device
 

@@ -1,0 +1,1 @@
+"""Record layouts of the caches our kernels read and write: constants and tensor views, no kernels."""
