@@ -1,19 +1,19 @@
-"""Compile specs of every Triton kernel we ship, for cross-compilation and `make sm80-report`."""
+"""Compile specs of every kernel we ship, found by walking `deepinfer_sm80.ops` (no hand list).
+
+A module (or package module) under `ops/` that defines a module-level `COMPILE_SPECS` tuple of
+`CompileSpec` is cross-compiled by `make sm80-report`; `tests/testing/test_registry.py` checks that
+every such module is found.
+"""
 
 from __future__ import annotations
 
 import importlib
+import pkgutil
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-# Each module lists its kernels in a module-level tuple `COMPILE_SPECS`.
-KERNEL_MODULES = (
-    "deepinfer_sm80.ops.fp8",
-    "deepinfer_sm80.ops.topk_swa_combine",
-    "deepinfer_sm80.ops.kv_quant_insert",
-    "deepinfer_sm80.ops.kv_gather",
-)
+OPS_PACKAGE = "deepinfer_sm80.ops"
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,13 @@ class CompileSpec:
             raise ValueError(f"{self.name}: {sorted(missing)} not in the signature")
 
 
-def all_specs() -> Iterator[CompileSpec]:
-    for module_name in KERNEL_MODULES:
+def kernel_modules(package: str = OPS_PACKAGE) -> tuple[str, ...]:
+    """Every module under `package` that defines COMPILE_SPECS, in walk order."""
+    root = importlib.import_module(package)
+    names = [package, *(m.name for m in pkgutil.walk_packages(root.__path__, prefix=f"{package}."))]
+    return tuple(n for n in names if hasattr(importlib.import_module(n), "COMPILE_SPECS"))
+
+
+def all_specs(package: str = OPS_PACKAGE) -> Iterator[CompileSpec]:
+    for module_name in kernel_modules(package):
         yield from importlib.import_module(module_name).COMPILE_SPECS

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from deepinfer_sm80.bench import BENCH_MODULES
+from deepinfer_sm80.bench import bench_modules
 from deepinfer_sm80.testing.bench import Ceilings
 from deepinfer_sm80.testing.provenance import provenance
 
@@ -35,21 +35,26 @@ def main(argv: list[str] | None = None) -> int:
     ceilings = Ceilings.measure()
     print(f"copy ceiling {ceilings.as_dict()}")
     failed = 0
-    for module_name in BENCH_MODULES:
+    for module_name in bench_modules():
         short = module_name.rsplit(".", 1)[1]
         if args.only and short not in args.only:
             continue
         try:
-            result = importlib.import_module(module_name).main(args.out, ceilings)
+            module = importlib.import_module(module_name)
+            if not hasattr(module, "main"):
+                continue
+            result = module.main(args.out, ceilings)
         except Exception:
             traceback.print_exc()
             failed += 1
             continue
         payload = {
-            "schema": 1,
+            "schema": 2,
             "bench": short,
             "provenance": provenance(),
             "ceilings": ceilings.as_dict(),
+            "rows": result.pop("rows", []),
+            "targets": result.pop("targets", []),
             "results": result,
         }
         path = args.out / f"{short}-{gpu_slug()}.json"

@@ -1,1 +1,1 @@
-"""vLLM-aware adapters (attention backend, metadata builders, gates): the only overlay code that imports vllm."""
+"""vLLM-aware adapters (attention backend, metadata builders, gates): the only overlay code importing vllm."""

@@ -169,3 +169,63 @@ def format_line(t: Timing, extra: str = "") -> str:
     return (
         f"{t.name:40} {t.us:10.1f} us | {t.gbps / 1e3:6.2f} TB/s{pct}{floor}{' | ' + extra if extra else ''}"
     )
+
+
+# ----------------------------------------------------------------------------- the one result row format
+IMPLS = ("deepinfer", "base", "upstream", "torch")
+VERDICTS = ("bitwise", "close", "mismatch", "n/a")
+
+
+@dataclass(frozen=True)
+class Row:
+    """One timed (op, impl, shape) in every bench's JSON; `make charts` draws these with no per-op code.
+
+    `shape` names the series ("h16-ctx16k"), `size` is its x-axis value (tokens, query rows, keys);
+    `verdict` is this impl's output against the reference impl of the same shape.
+    """
+
+    op: str
+    impl: str
+    shape: str
+    size: int
+    us: float
+    gbps: float | None
+    pct_of_copy: float | None
+    floor_us: float | None
+    verdict: str
+
+    def __post_init__(self) -> None:
+        if self.impl not in IMPLS:
+            raise ValueError(f"{self.op}: impl {self.impl!r} not in {IMPLS}")
+        if self.verdict not in VERDICTS:
+            raise ValueError(f"{self.op}: verdict {self.verdict!r} not in {VERDICTS}")
+
+    @classmethod
+    def from_timing(cls, op: str, impl: str, shape: str, size: int, t: Timing, verdict: str) -> Row:
+        return cls(op, impl, shape, size, t.us, t.gbps, t.pct_of_copy, t.floor_us, verdict)
+
+    def as_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Target:
+    """A goal from an issue and what this run measured; a miss carries its measured cause."""
+
+    name: str
+    measured: float
+    goal: float
+    unit: str
+    met: bool
+    cause: str = ""
+
+    def as_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def at_least(name: str, measured: float, goal: float, unit: str, cause: str = "") -> Target:
+    return Target(name, round(measured, 3), goal, unit, measured >= goal, "" if measured >= goal else cause)
+
+
+def at_most(name: str, measured: float, goal: float, unit: str, cause: str = "") -> Target:
+    return Target(name, round(measured, 3), goal, unit, measured <= goal, "" if measured <= goal else cause)
