@@ -1,14 +1,15 @@
-"""Kernel-speedup chart from results/gpu/*.json only (no GPU): bars per kernel and size for the SM80
-baseline, upstream vLLM 0.32.0 and DeepInfer, labeled with the GPU the JSON was measured on.
+"""Kernel charts from results/gpu/*.json only (no GPU, no per-op code): the rows every bench writes.
 
-Usage: python scripts/kernel_charts.py RESULTS_GPU_DIR CHARTS_DIR  ->  CHARTS_DIR/kernel_speedups.{png,svg}
+One chart per op (µs against size, a line per impl and shape, log-log) and one overview of DeepInfer's
+speedup over base and upstream at each measured size, each labelled with the GPU and versions of the run.
+Usage: python scripts/kernel_charts.py RESULTS_GPU_DIR CHARTS_DIR (writes <op>.{png,svg}, speedups.{png,svg})
 """
 
 from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass
+from collections import defaultdict
 from pathlib import Path
 
 import matplotlib
@@ -16,95 +17,100 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-COMBINE_T = (64, 1536, 4096)
-GATHER_TOKENS = (4096, 49_152, 1_048_576)
-INSERT_TOKENS = (64, 1536, 8192)
+STYLE = {"deepinfer": "-o", "base": "--s", "upstream": ":^", "torch": "-.x"}
 
 
-@dataclass(frozen=True)
-class Group:
-    label: str  # x tick
-    bars: dict[str, float]  # series -> µs
-
-
-def _size(n: int) -> str:
-    return f"{n / 1024:g}K" if n >= 1024 else str(n)
-
-
-def combine_groups(data: dict) -> list[Group]:
-    """Ratio 1 rows; both our and upstream's kernel write into a caller buffer (`out=`), as in serving."""
-    rows = [s for s in data["results"]["shapes"] if s["ratio"] == 1 and s["T"] in COMBINE_T]
-    return [
-        Group(
-            f"T={r['T']}",
-            {
-                "PyTorch op chain (write-up baseline)": r["timings"]["op chain"]["us"],
-                "upstream = SM80 baseline": r["timings"]["upstream out="]["us"],
-                "DeepInfer": r["timings"]["optimized out="]["us"],
-            },
+def load_rows(results: Path) -> tuple[list[dict], dict[str, str]]:
+    """Every row of every JSON that has them, and op -> provenance label."""
+    rows: list[dict] = []
+    labels: dict[str, str] = {}
+    for path in sorted(results.glob("*.json")):
+        data = json.loads(path.read_text())
+        if not data.get("rows"):
+            print(f"kernel_charts: {path.name} has no rows (older schema), skipped", file=sys.stderr)
+            continue
+        prov = data.get("provenance", {})
+        label = (
+            f"{prov.get('gpu', '?')} | torch {prov.get('torch', '?')} | triton {prov.get('triton', '?')}"
+            f" | git {str(prov.get('git_sha', '?'))[:7]}"
         )
-        for r in sorted(rows, key=lambda r: r["T"])
-    ]
+        for row in data["rows"]:
+            rows.append(row)
+            labels[row["op"]] = label
+    return rows, labels
 
 
-def cache_groups(data: dict, key: str, sizes: tuple[int, ...]) -> list[Group]:
-    rows = [r for r in data["results"][key] if r["tokens"] in sizes]
-    return [
-        Group(
-            _size(r["tokens"]),
-            {
-                "SM80 port (base)": r["base"]["us"],
-                "upstream (sm_90 only)": r["upstream"]["us"],
-                "DeepInfer": r["optimized"]["us"],
-            },
-        )
-        for r in sorted(rows, key=lambda r: r["tokens"])
-    ]
-
-
-def draw(ax: plt.Axes, title: str, groups: list[Group]) -> None:
-    series = list(groups[0].bars)
-    width = 0.8 / len(series)
-    for j, name in enumerate(series):
-        xs = [i + (j - (len(series) - 1) / 2) * width for i in range(len(groups))]
-        ys = [g.bars[name] for g in groups]
-        bars = ax.bar(xs, ys, width, label=name)
-        for bar, g in zip(bars, groups, strict=True):
-            if name == "DeepInfer":
-                best_other = min(v for k, v in g.bars.items() if k != name)
-                ax.annotate(f"{best_other / g.bars[name]:.1f}x", (bar.get_x() + width / 2, bar.get_height()),
-                            ha="center", va="bottom", fontsize=8)
+def op_figure(op: str, rows: list[dict], label: str) -> plt.Figure:
+    series: dict[tuple[str, str], list[tuple[int, float]]] = defaultdict(list)
+    for r in rows:
+        series[(r["impl"], r["shape"])].append((r["size"], r["us"]))
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    for (impl, shape), points in sorted(series.items()):
+        points.sort()
+        ax.plot(*zip(*points, strict=True), STYLE.get(impl, "-"), label=f"{impl} {shape}", markersize=4)
+    ax.set_xscale("log", base=2)
     ax.set_yscale("log")
-    ax.set_ylim(top=8 * max(v for g in groups for v in g.bars.values()))  # room for the legend
-    ax.set_xticks(range(len(groups)), [g.label for g in groups])
-    ax.set_ylabel("µs (median, CUDA graph)")
-    ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=7)
-
-
-def render(results: Path, charts: Path) -> list[Path]:
-    combine = json.loads((results / "topk_swa_combine-h200.json").read_text())
-    cache = json.loads((results / "kv_cache-h200.json").read_text())
-    prov = cache["provenance"]
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.8))
-    draw(axes[0], "combine_topk_swa_indices (ratio 1)", combine_groups(combine))
-    draw(axes[1], "dequantize_and_gather_k_cache", cache_groups(cache, "gather", GATHER_TOKENS))
-    draw(axes[2], "quantize_and_insert_k_cache", cache_groups(cache, "insert", INSERT_TOKENS))
-    fig.suptitle(
-        f"Measured on {prov['gpu']} (sm_{prov['capability'].replace('.', '')}, driver {prov['driver']}, "
-        f"torch {prov['torch']}, triton {prov['triton']}); labels: DeepInfer's speedup over the best "
-        "other bar. Not Ampere: no SM80 GPU was available.",
-        fontsize=9,
-    )
+    ax.set_xlabel("size (see the op's bench: tokens, query rows or keys)")
+    ax.set_ylabel("µs (median of CUDA-graph replays)")
+    ax.set_title(f"{op}\n{label}", fontsize=9)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
-    charts.mkdir(parents=True, exist_ok=True)
-    out = [charts / "kernel_speedups.png", charts / "kernel_speedups.svg"]
-    for path in out:
-        fig.savefig(path, dpi=120, metadata={"Date": None} if path.suffix == ".svg" else None)
+    return fig
+
+
+def speedup_figure(rows: list[dict], labels: dict[str, str]) -> plt.Figure:
+    by_key: dict[tuple[str, str, int], dict[str, float]] = defaultdict(dict)
+    for r in rows:
+        by_key[(r["op"], r["shape"], r["size"])][r["impl"]] = r["us"]
+    bars = []
+    for (op, shape, size), impls in sorted(by_key.items()):
+        if "deepinfer" not in impls:
+            continue
+        for ref in ("base", "upstream"):
+            if ref in impls:
+                bars.append((f"{op} {shape} {size}", ref, impls[ref] / impls["deepinfer"]))
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.28 * len(bars)), 4.8))
+    xs = range(len(bars))
+    colors = {"base": "tab:blue", "upstream": "tab:orange"}
+    ax.bar(xs, [b[2] for b in bars], color=[colors[b[1]] for b in bars])
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks(list(xs), [f"{b[0]} vs {b[1]}" for b in bars], rotation=90, fontsize=6)
+    ax.set_ylabel("DeepInfer speedup (×)")
+    ax.set_yscale("log")
+    ax.set_title("DeepInfer over base / upstream — " + "; ".join(sorted(set(labels.values()))), fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def save(fig: plt.Figure, out: Path, stem: str) -> None:
+    for ext in ("png", "svg"):
+        # fixed metadata so re-running on the same JSON rewrites identical files
+        meta = {"Software": None} if ext == "png" else {"Date": None, "Creator": None}
+        fig.savefig(out / f"{stem}.{ext}", dpi=110, metadata=meta)
     plt.close(fig)
-    return out
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        print("usage: kernel_charts.py RESULTS_GPU_DIR CHARTS_DIR", file=sys.stderr)
+        return 2
+    results, out = Path(argv[0]), Path(argv[1])
+    if not results.is_dir():
+        print(f"kernel_charts: {results} is not a directory", file=sys.stderr)
+        return 2
+    rows, labels = load_rows(results)
+    out.mkdir(parents=True, exist_ok=True)
+    by_op: dict[str, list[dict]] = defaultdict(list)
+    for r in rows:
+        by_op[r["op"]].append(r)
+    for op, op_rows in sorted(by_op.items()):
+        save(op_figure(op, op_rows, labels[op]), out, op)
+    if rows:
+        save(speedup_figure(rows, labels), out, "speedups")
+    print(f"kernel_charts: {len(by_op)} ops, {len(rows)} rows -> {out}")
+    return 0
 
 
 if __name__ == "__main__":
-    for p in render(Path(sys.argv[1]), Path(sys.argv[2])):
-        print(f"wrote {p}")
+    sys.exit(main(sys.argv[1:]))

@@ -14,10 +14,19 @@ from pathlib import Path
 
 import torch
 
-from deepinfer_sm80.bench.inputs import CombineInputs, random_combine_inputs
 from deepinfer_sm80.ops import topk_swa_combine as tsc
-from deepinfer_sm80.testing.bench import Ceilings, format_line, input_sets_needed, summarize, time_graph
+from deepinfer_sm80.testing.bench import (
+    Ceilings,
+    Row,
+    Target,
+    at_most,
+    format_line,
+    input_sets_needed,
+    summarize,
+    time_graph,
+)
 from deepinfer_sm80.testing.compare import MismatchError, assert_bitwise_equal
+from deepinfer_sm80.testing.inputs import CombineInputs, random_combine_inputs
 
 SIZES = (1, 64, 512, 1536, 4096)
 RATIOS = (1, 2)
@@ -177,6 +186,8 @@ def main(out_dir: Path, ceilings: Ceilings) -> dict[str, object]:
     print(f"edge cases bitwise vs upstream: {sum(v == 'ok' for v in edges.values())}/{len(edges)} ok")
     shapes = [bench_shape(T, r, cu, ceilings, gen) for r in RATIOS for T in SIZES]
     return {
+        "rows": [r.as_dict() for s in shapes for r in rows_of(s)],
+        "targets": [t.as_dict() for t in targets_of(shapes, ceilings)],
         "upstream": "vllm 0.32.0 combine_topk_swa_indices = the SM80 baseline (compiles for sm_80 as is)",
         "optimized": f"deepinfer_sm80.ops.topk_swa_combine, block_t={tsc.BLOCK_T}, num_warps={tsc.NUM_WARPS}",
         "bytes": "T*topk*4 read + T*640*4 + T*4 written + per-request metadata",
@@ -185,3 +196,41 @@ def main(out_dir: Path, ceilings: Ceilings) -> dict[str, object]:
         "shapes": shapes,
         "block_sweep": [row for T in SWEEP_SIZES for row in sweep(T, ceilings, gen)],
     }
+
+
+# caller-buffer (`out=`) forms are the ones serving uses; the op chain is the PyTorch reference
+ROW_IMPLS = {"optimized out=": "deepinfer", "upstream out=": "upstream", "op chain": "torch"}
+
+
+def rows_of(shape: dict[str, object]) -> list[Row]:
+    timings = shape["timings"]
+    assert isinstance(timings, dict)
+    verdict = "bitwise" if shape["bitwise_vs_upstream"] == "ok" else "mismatch"
+    out = []
+    for name, impl in ROW_IMPLS.items():
+        t = timings[name]
+        out.append(
+            Row(
+                op="topk_swa_combine",
+                impl=impl,
+                shape=f"ratio{shape['ratio']}",
+                size=int(shape["T"]),  # type: ignore[call-overload]
+                us=t["us"],
+                gbps=t["gbps"],
+                pct_of_copy=t["pct_of_copy"],
+                floor_us=t["floor_us"],
+                verdict="n/a" if impl == "upstream" else verdict,
+            )
+        )
+    return out
+
+
+def targets_of(shapes: list[dict[str, object]], ceilings: Ceilings) -> list[Target]:
+    """Issue goal: the kernel within 2x of its floor at T = 1536 and 4096 (ratio 1)."""
+    out = []
+    for s in shapes:
+        if s["ratio"] == 1 and s["T"] in (1536, 4096):
+            speed = s["speedups"]
+            assert isinstance(speed, dict)
+            out.append(at_most(f"combine T={s['T']} x floor", speed["out_over_floor"], 2.0, "x floor"))
+    return out

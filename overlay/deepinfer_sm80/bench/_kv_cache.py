@@ -1,5 +1,5 @@
-"""KV-cache insert and gather on the 584-byte record: bitwise vs upstream vLLM 0.32.0's own kernels, then
-base / optimized / upstream timed at the issue's sizes (gather 4K..1M tokens, insert 1..8192 tokens).
+"""Shared body of bench/kv_gather.py and bench/kv_quant_insert.py: bitwise vs upstream vLLM 0.32.0's own
+kernels, then base / optimized / upstream timed (gather 4K..1M tokens, insert 1..8192 tokens).
 
 Upstream runs from the carried bundle; its kernels use tl.float8e4nv, so this needs sm_89+ (the H200).
 """
@@ -8,17 +8,17 @@ from __future__ import annotations
 
 import traceback
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 import triton
 import triton.language as tl
 
+from deepinfer_sm80.formats.fp8_ds_mla import DATA_BYTES, RECORD_BYTES, token_views
 from deepinfer_sm80.ops import kv_gather as kvg
 from deepinfer_sm80.ops import kv_quant_insert as kvi
-from deepinfer_sm80.formats.fp8_ds_mla import DATA_BYTES, RECORD_BYTES, SCALE_BYTES, page_bytes, token_views
 from deepinfer_sm80.testing.bench import (
     Ceilings,
+    Row,
     Timing,
     format_line,
     input_sets_needed,
@@ -26,6 +26,7 @@ from deepinfer_sm80.testing.bench import (
     time_graph,
 )
 from deepinfer_sm80.testing.compare import MismatchError, assert_bitwise_equal
+from deepinfer_sm80.testing.inputs import avoid_seven_pow2, block_table, k_rows, page_pool
 
 GATHER_TOKENS = (4_096, 16_384, 49_152, 131_072, 1_048_576)
 GATHER_BLOCK_SIZE = 128  # compressed cache, ratio 1: 128 states per 74,880-byte page (SPEC.md §2.1)
@@ -48,68 +49,16 @@ INSERT_BYTES_PER_TOKEN = 512 * 2 + 8 + RECORD_BYTES  # k row + int64 slot read, 
 
 # ----------------------------------------------------------------------------- inputs (on the GPU)
 def random_pool(num_blocks: int, block_size: int, gen: torch.Generator, *, valid: bool) -> torch.Tensor:
-    """[num_blocks, block_size, 584] view of random pages; `valid` makes them encoder-like (finite codes,
-    scales 105..247, pad 0, finite RoPE) for timing, else every byte pattern appears."""
-    page = page_bytes(block_size)
-    pool = torch.randint(0, 256, (num_blocks, page), dtype=torch.uint8, device="cuda", generator=gen)
-    view = pool.as_strided((num_blocks, block_size, RECORD_BYTES), (page, RECORD_BYTES, 1))
-    data, scale = token_views(view, block_size)
-    if valid:
-        nope = data[..., :448]
-        nope[(nope & 0x7F) == 0x7F] = 0x7E
-        data[..., 448:] = (
-            torch.randn(num_blocks, block_size, 64, device="cuda", generator=gen)
-            .bfloat16()
-            .view(torch.uint8)
-            .view(num_blocks, block_size, 128)
-        )
-        scale[..., :7] = torch.randint(
-            105, 248, (num_blocks, block_size, 7), dtype=torch.uint8, device="cuda", generator=gen
-        )
-        scale[..., 7] = 0
-    else:
-        edges = torch.tensor([0, 1, 126, 127, 128, 254, 255], dtype=torch.uint8, device="cuda")
-        pick = torch.randint(0, 7, (num_blocks, block_size, 7), device="cuda", generator=gen)
-        edge = torch.rand(num_blocks, block_size, 7, device="cuda", generator=gen) < 0.1
-        scale[..., :7] = torch.where(edge, edges[pick], scale[..., :7].clamp(105, 247))
-        rope = data[..., 448:].view(torch.int16)
-        for col, value in enumerate((float("nan"), float("inf"), float("-inf"), -0.0)):
-            rope[:, ::5, col] = torch.tensor(value, dtype=torch.bfloat16).view(torch.int16)
-    return view
+    return page_pool(num_blocks, block_size, gen, device="cuda", valid=valid)
 
 
 def block_table_for(lens: list[int], num_blocks: int, block_size: int, gen: torch.Generator) -> torch.Tensor:
-    perm = torch.randperm(num_blocks, device="cuda", generator=gen).to(torch.int32)
-    width = max(-(-n // block_size) for n in lens)
-    table = torch.full((len(lens), width), -1, dtype=torch.int32, device="cuda")
-    start = 0
-    for r, n in enumerate(lens):
-        nb = -(-n // block_size)
-        table[r, :nb] = perm[start : start + nb]
-        start += nb
-    return table
+    return block_table(lens, num_blocks, block_size, gen, device="cuda")
 
 
 def random_k(tokens: int, gen: torch.Generator) -> torch.Tensor:
-    """[tokens, 512] bf16, groups spread over 2^±30 with zero, tiny and near-max groups; never all zero."""
-    x = torch.randn(tokens, 8, 64, device="cuda", generator=gen)
-    x = x * torch.exp2(torch.randint(-30, 30, (tokens, 8, 1), device="cuda", generator=gen).float())
-    kind = torch.randint(0, 32, (tokens, 8, 1), device="cuda", generator=gen)
-    x = torch.where(kind == 0, torch.zeros_like(x), x)
-    x = torch.where(kind == 1, x * 2.0**-126, x)
-    x = torch.where(kind == 2, x.sign() * 3.3e38 * torch.rand(x.shape, device="cuda", generator=gen), x)
-    return x.reshape(tokens, 512).bfloat16()
-
-
-def avoid_seven_pow2(k: torch.Tensor) -> torch.Tensor:
-    """Nudge groups with amax = 7·2^j one bf16 ulp up (the [UNVERIFIED] case of SPEC.md §2.2)."""
-    bits = k.view(torch.int16).clone()
-    nope = bits[:, :448].clone().reshape(-1, 7, 64)
-    mag = nope & 0x7FFF
-    seven = ((mag & 0x7F) == 0x60) & (mag >= 0x80) & (mag < 0x7F80) & (mag == mag.amax(-1, keepdim=True))
-    nope += seven.to(torch.int16)
-    bits[:, :448] = nope.reshape(-1, 448)
-    return bits.view(torch.bfloat16)
+    """[tokens, 512] bf16 with normal RoPE values (timing rows; bitwise sections set RoPE bits)."""
+    return k_rows(tokens, gen, device="cuda", rope_bits=False)
 
 
 def prefill_slots(tokens: int, num_blocks: int, block_size: int, gen: torch.Generator) -> torch.Tensor:
@@ -372,40 +321,79 @@ def mix_probe(ceilings: Ceilings) -> dict[str, object]:
     return timing.as_dict()
 
 
-def main(out_dir: Path, ceilings: Ceilings) -> dict[str, object]:
+SECTIONS = {
+    "gather": ("gather_mix_probe", "gather_correctness", "gather"),
+    "insert": ("insert_correctness", "insert"),
+}
+
+
+def run(op: str, ceilings: Ceilings) -> dict[str, object]:
+    """Every section of one op (`gather` or `insert`); a failing section's error goes into the JSON."""
     import vllm.models.deepseek_v41.common.ops.cache_utils as cu  # the carried upstream tree
 
     gen = torch.Generator(device="cuda").manual_seed(20261129)
+    fns: dict[str, Callable[[], object]] = {
+        "gather_mix_probe": lambda: mix_probe(ceilings),
+        "insert_correctness": lambda: insert_correctness(cu, gen),
+        "gather_correctness": lambda: gather_correctness(cu, gen),
+        "gather": lambda: gather_timings(cu, ceilings, gen),
+        "insert": lambda: insert_timings(cu, ceilings, gen),
+    }
     result: dict[str, object] = {
         "upstream": "vllm 0.32.0 (official wheel's Python tree): quantize_and_insert_k_cache, "
         "dequantize_and_gather_k_cache_triton (CUDA path, per-group kernel)",
         "baseline": "base = SM80 ports of upstream's kernels (software e4m3, same grid and loops)",
-        "seed_gather_48k": SEED_GATHER_48K,
         "config": {
             "gather": {"BLOCK_T": kvg.BLOCK_T, "num_warps": kvg.NUM_WARPS},
             "insert": {"BLOCK_T": kvi.BLOCK_T, "num_warps": kvi.NUM_WARPS},
-        },
-        "bytes_per_token": {
-            "gather": GATHER_BYTES_PER_TOKEN,
-            "insert": INSERT_BYTES_PER_TOKEN,
-            "data": DATA_BYTES,
-            "scale": SCALE_BYTES,
-        },
+        }[op],
+        "bytes_per_token": GATHER_BYTES_PER_TOKEN if op == "gather" else INSERT_BYTES_PER_TOKEN,
     }
-    for key, fn in (
-        ("gather_mix_probe", lambda: mix_probe(ceilings)),
-        ("insert_correctness", lambda: insert_correctness(cu, gen)),
-        ("gather_correctness", lambda: gather_correctness(cu, gen)),
-        ("gather", lambda: gather_timings(cu, ceilings, gen)),
-        ("insert", lambda: insert_timings(cu, ceilings, gen)),
-    ):
+    if op == "gather":
+        result["seed_gather_48k"] = SEED_GATHER_48K
+    for key in SECTIONS[op]:
         try:
-            result[key] = fn()
-        except Exception:  # keep what the other sections measured; the error goes into the JSON
+            result[key] = fns[key]()
+        except Exception:
             traceback.print_exc()
             result[key] = {"error": traceback.format_exc()[-2000:]}
     _summary(result)
     return result
+
+
+IMPL_OF = {"optimized": "deepinfer", "base": "base", "upstream": "upstream"}
+
+
+def rows(op: str, result: dict[str, object], block_size_label: str) -> list[Row]:
+    """Long-format rows for the three main impls; sweep variants stay in the JSON's sections."""
+    correctness = result.get(f"{op}_correctness", {})
+    assert isinstance(correctness, dict)
+
+    def verdict(impl_key: str) -> str:
+        cases = [v for v in correctness.values() if isinstance(v, dict) and impl_key in v]
+        if not cases:
+            return "n/a"
+        return "bitwise" if all(c[impl_key].get("bitwise") for c in cases) else "mismatch"
+
+    out = []
+    timed = result.get(op, [])
+    for shape in timed if isinstance(timed, list) else []:
+        for key, impl in IMPL_OF.items():
+            t = shape[key]
+            out.append(
+                Row(
+                    op=f"kv_{'gather' if op == 'gather' else 'quant_insert'}",
+                    impl=impl,
+                    shape=block_size_label,
+                    size=int(shape["tokens"]),
+                    us=t["us"],
+                    gbps=t["gbps"],
+                    pct_of_copy=t["pct_of_copy"],
+                    floor_us=t["floor_us"],
+                    verdict="n/a" if key == "upstream" else verdict(key),
+                )
+            )
+    return out
 
 
 def _summary(result: dict[str, object]) -> None:
