@@ -12,7 +12,7 @@ PROFILE ?= smoke
 MODEL ?=
 BENCH_ARGS ?=
 
-.PHONY: setup fetch-vllm test lint test-cpu sm80-report gpu-bundle gpu-suite image bench-ab charts clean
+.PHONY: setup fetch-vllm test lint test-cpu patches patches-check sm80-report gpu-bundle gpu-suite image bench-ab charts clean
 
 setup: $(VENV)/.stamp
 
@@ -35,11 +35,18 @@ test-cpu: setup fetch-vllm
 
 test: lint test-cpu
 
+# patches/ from the binding table and the sha-verified tree; patches-check proves apply/compile/revert
+patches: fetch-vllm
+	$(PY) scripts/make_patches.py
+
+patches-check: fetch-vllm
+	$(PY) scripts/patches_check.py
+
 sm80-report: setup
 	$(PY) -m deepinfer_sm80.testing.sm80_report --json results/sm80-compile.json
 
 # The pure-Python vLLM tree + dist-info + light wheels that let upstream kernels run on a GPU box
-# without vLLM or a package index (shared/docs/GPU_BUNDLE.md).
+# without vLLM or a package index (docs/VERIFYING.md).
 gpu-bundle: fetch-vllm
 	$(PY) scripts/gpu_bundle.py $(VLLM_TREE) $(BUNDLE)
 
