@@ -1,5 +1,5 @@
 """`make gpu-bundle`: what a GPU box with torch/triton but no vLLM and no package index needs to import
-upstream vLLM 0.32.0's Triton functions (shared/docs/GPU_BUNDLE.md).
+upstream vLLM 0.32.0's Triton functions (docs/VERIFYING.md).
 
 Usage: python scripts/gpu_bundle.py VLLM_TREE BUNDLE_DIR
 Writes BUNDLE_DIR/{vllm-tree.tar.gz, wheels/*.whl, manifest.json, READY}. The wheel list is found by

@@ -29,7 +29,7 @@ from deepinfer_sm80.testing.compare import MismatchError, assert_bitwise_equal
 from deepinfer_sm80.testing.inputs import avoid_seven_pow2, block_table, k_rows, page_pool
 
 GATHER_TOKENS = (4_096, 16_384, 49_152, 131_072, 1_048_576)
-GATHER_BLOCK_SIZE = 128  # compressed cache, ratio 1: 128 states per 74,880-byte page (SPEC.md §2.1)
+GATHER_BLOCK_SIZE = 128  # compressed cache, ratio 1: 128 states per 74,880-byte page (docs/FP8_DS_MLA.md)
 INSERT_TOKENS = (1, 4, 16, 64, 1_536, 4_096, 8_192)
 INSERT_BLOCK_SIZE = 64
 # (BLOCK_T, num_warps) around the defaults; the first run swept (8|16|32|64, 4|8) and (1..16, 1..8)

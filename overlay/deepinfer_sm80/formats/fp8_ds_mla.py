@@ -1,4 +1,4 @@
-"""The 584-byte fp8_ds_mla (V4) K record and its paged layout (SPEC.md §2.1), shared by insert and gather.
+"""The 584-byte fp8_ds_mla (V4) K record and its paged layout (docs/FP8_DS_MLA.md), for insert and gather.
 
 A page of `block_size` tokens is planar: token j's 576 data bytes (448 e4m3 NoPE, 64 bf16 RoPE) at
 `page + 576·j`, its 8 scale bytes (7 UE8M0 + pad 0) at `page + 576·block_size + 8·j`, and
@@ -19,7 +19,7 @@ DATA_BYTES = NOPE_DIM + 2 * ROPE_DIM  # 576
 SCALE_BYTES = 8  # 7 exponents + a pad byte (0)
 PAGE_ALIGNMENT = 576
 UE8M0_BIAS = 127
-AMAX_FLOOR = 1e-4  # every V4 writer floors the group amax (SPEC.md §2.2)
+AMAX_FLOOR = 1e-4  # every V4 writer floors the group amax (docs/FP8_DS_MLA.md)
 
 
 def page_bytes(tokens_per_page: int) -> int:

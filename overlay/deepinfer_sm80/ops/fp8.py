@@ -1,4 +1,4 @@
-"""Software FP8 for SM80/SM86: e4m3fn decode/encode and UE8M0 scale decode (SPEC.md §2.3–2.4).
+"""Software FP8 for SM80/SM86: e4m3fn decode/encode and UE8M0 scale decode (docs/FP8_DS_MLA.md).
 
 Triton on capability < 8.9 rejects `tl.float8e4nv`, so every SM80 kernel that touches the
 fp8_ds_mla record imports the `@triton.jit` device functions below. References are plain torch.
@@ -30,7 +30,7 @@ def e4m3_decode_ref(b: torch.Tensor) -> torch.Tensor:
 def e4m3_encode_ref(x: torch.Tensor) -> torch.Tensor:
     """fp32 [...] -> uint8 codes [...]: clamp to ±448 (NaN kept), then torch's direct RNE cast.
 
-    The clamp is the documented pre-clamp of every V4 writer (SPEC.md §2.2) and keeps the
+    The clamp is the documented pre-clamp of every V4 writer (docs/FP8_DS_MLA.md) and keeps the
     reference independent of torch's device-specific saturation (§2.5).
     """
     return x.float().clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).view(torch.uint8)

@@ -1,4 +1,4 @@
-"""`dequantize_and_gather_k_cache` for the 584-byte fp8_ds_mla record (SPEC.md §3.2).
+"""`dequantize_and_gather_k_cache` for the 584-byte fp8_ds_mla record (docs/OPERATORS.md).
 
 SM80 baseline: upstream's CUDA path (`_dequantize_and_gather_k_kernel`, grid `(R, gather_num_workers)`)
 bitcasts to `tl.float8e4nv`, which Triton rejects below sm_89, and its CuTeDSL path is SM90/SM100-only;
@@ -14,7 +14,6 @@ import torch
 import triton
 import triton.language as tl
 
-from deepinfer_sm80.ops.fp8 import e4m3_decode_ref, e4m3_to_f32, ue8m0_decode_ref, ue8m0_to_f32
 from deepinfer_sm80.formats.fp8_ds_mla import (
     DATA_BYTES,
     GROUP,
@@ -27,6 +26,7 @@ from deepinfer_sm80.formats.fp8_ds_mla import (
     check_k_cache,
     token_views,
 )
+from deepinfer_sm80.ops.fp8 import e4m3_decode_ref, e4m3_to_f32, ue8m0_decode_ref, ue8m0_to_f32
 from deepinfer_sm80.registry import CompileSpec
 
 _NOPE = tl.constexpr(NOPE_DIM)
@@ -47,7 +47,7 @@ def dequantize_and_gather_ref(
     block_size: int,
     offset: int,
 ) -> None:
-    """SPEC.md §3.2 in plain torch: out[b, offset+i] = record of position seq_len-L+i, i < L."""
+    """docs/OPERATORS.md in plain torch: out[b, offset+i] = record of position seq_len-L+i, i < L."""
     data_view, scale_view = token_views(k_cache, block_size)
     lens = (gather_lens if gather_lens is not None else seq_lens).tolist()
     for b, (seq_len, n) in enumerate(zip(seq_lens.tolist(), lens, strict=True)):

@@ -1,4 +1,4 @@
-"""`quantize_and_insert_k_cache` for the 584-byte fp8_ds_mla record (SPEC.md §2.1–2.2).
+"""`quantize_and_insert_k_cache` for the 584-byte fp8_ds_mla record (docs/FP8_DS_MLA.md).
 
 SM80 baseline: upstream's `quantize_and_insert_k_kernel` casts to `tl.float8e4nv`, which Triton
 rejects below sm_89, so `base` is a port of it (one program per token, seven 64-wide groups, `x / 2^e`
@@ -12,7 +12,6 @@ import torch
 import triton
 import triton.language as tl
 
-from deepinfer_sm80.ops.fp8 import E4M3_MAX, e4m3_encode_ref, f32_to_e4m3
 from deepinfer_sm80.formats.fp8_ds_mla import (
     AMAX_FLOOR,
     DATA_BYTES,
@@ -25,6 +24,7 @@ from deepinfer_sm80.formats.fp8_ds_mla import (
     check_k_cache,
     token_views,
 )
+from deepinfer_sm80.ops.fp8 import E4M3_MAX, e4m3_encode_ref, f32_to_e4m3
 from deepinfer_sm80.registry import CompileSpec
 
 _E4M3_MAX = tl.constexpr(E4M3_MAX)
@@ -41,7 +41,7 @@ _FRAC_1_75 = tl.constexpr(0x600000)
 def quantize_and_insert_ref(
     k: torch.Tensor, k_cache: torch.Tensor, slot_mapping: torch.Tensor, block_size: int
 ) -> None:
-    """SPEC.md §2.2 in plain torch, exact: per 64-group amax=max(|x|,1e-4), e=ceil(log2(amax/448)),
+    """docs/FP8_DS_MLA.md in plain torch, exact: per 64-group amax=max(|x|,1e-4), e=ceil(log2(amax/448)),
     q=e4m3(x·2^-e), scale byte clamp(e+127,0,255), pad 0, RoPE bf16 bytes copied; slot -1 skipped."""
     t = slot_mapping.shape[0]
     x = k[:t].float()  # [T, 512]
@@ -277,7 +277,7 @@ def _sig(slot_type: str, extra: dict[str, str]) -> dict[str, str]:
 
 # what production launches pass 16-divisible: torch allocations, 512-element rows, 576-multiple pages
 _ALIGNED = ("k_ptr", "k_stride0", "slot_mapping_ptr", "k_cache_ptr", "page_stride")
-# SWA pages hold 32 tokens, compressed pages 128 (ratio 1) or 64 (ratio 2): SPEC.md §2.1
+# SWA pages hold 32 tokens, compressed pages 128 (ratio 1) or 64 (ratio 2): docs/FP8_DS_MLA.md
 COMPILE_SPECS = tuple(
     spec
     for bs in (32, 64, 128)

@@ -1,4 +1,4 @@
-"""`combine_topk_swa_indices` for V4.1 sparse prefill (SPEC.md §3.1): op-chain reference, one Triton kernel.
+"""`combine_topk_swa_indices` for V4.1 sparse prefill (docs/OPERATORS.md): op-chain reference, one kernel.
 
 SM80 baseline: upstream's own `CombineTopkSwaIndicesKernel.kernel` (plain int32 Triton, no fp8) cross-compiles
 for sm_80/sm_86 unchanged (28/38 regs, 0 spills, 0 smem), so patch 00 leaves it alone and `base` has no copy.
@@ -54,7 +54,7 @@ def combine_topk_swa_indices_ref(
     if compress_ratio > 0:
         topk_len = torch.div(pos + 1, compress_ratio, rounding_mode="trunc").clamp(0, topk)  # [T]
     else:
-        topk_len = torch.zeros_like(pos)  # ratio 0: no division (SPEC.md §2.5)
+        topk_len = torch.zeros_like(pos)  # ratio 0: no division (docs/FP8_DS_MLA.md)
     swa_start = torch.maximum((pos - (window_size - 1)).clamp(min=0), g0)  # [T]
     swa_len = (pos - swa_start + 1).clamp(min=0)  # [T]
     topk_len, swa_len = topk_len.where(in_req, 0), swa_len.where(in_req, 0)
@@ -193,7 +193,7 @@ def combine_topk_swa_indices(
     N: int,
     out: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Merge top-k compressed and sliding-window workspace rows per query token (SPEC.md §3.1).
+    """Merge top-k compressed and sliding-window workspace rows per query token (docs/OPERATORS.md).
 
     Args:
         topk_indices: [T, >= topk] int32, request-local compressed positions, -1 padded; row stride free.

@@ -1,6 +1,6 @@
 """GPU timing: CUDA-graph replay over input sets rotated beyond L2, copy bandwidth, roofline fields.
 
-A microbench prints one line per shape and never fails a test (STYLE.md). Times are medians of
+A microbench prints one line per shape and never fails a test (docs/LAYOUT.md). Times are medians of
 graph replays; each replay runs `calls` launches, each on the next input set, so no launch reads
 what the previous one left in L2.
 """

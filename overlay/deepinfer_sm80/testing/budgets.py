@@ -1,4 +1,4 @@
-"""SM80/SM86 per-SM and per-block limits (SPEC.md §7), and the occupancy they allow."""
+"""SM80/SM86 per-SM and per-block limits (docs/MODEL.md), and the occupancy they allow."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Software FP8: exhaustive decode/encode against torch's float8 types (SPEC.md §2.3–2.4)."""
+"""Software FP8: exhaustive decode/encode against torch's float8 types (docs/FP8_DS_MLA.md)."""
 
 import pytest
 import torch

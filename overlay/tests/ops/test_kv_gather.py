@@ -1,4 +1,4 @@
-"""dequantize_and_gather_k_cache (584-byte record): base and optimized vs the SPEC.md §3.2 reference, bitwise.
+"""dequantize_and_gather_k_cache: base and optimized vs the reference, bitwise (docs/OPERATORS.md).
 
 `out` starts as random bits, and the whole tensor is compared, so rows outside a gather must survive
 untouched. Upstream's own kernel (tl.float8e4nv) is compared on GPUs of capability >= 8.9 (the H200).
@@ -106,7 +106,7 @@ def match_interpreter(out: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
 
 def run_and_check(impl: str, case: Case, seed: int | None = None) -> None:
     # base scales with exp2(u - 127): the interpreter's numpy exp2(-127) is 2^-127, the GPU's
-    # ex2.approx.ftz is 0 (SPEC.md §2.3), so base meets scale byte 0 on the GPU only
+    # ex2.approx.ftz is 0 (docs/FP8_DS_MLA.md), so base meets scale byte 0 on the GPU only
     out, cache, seq_lens, gather_lens, table = make_case(
         case, seed, with_zero_scale=impl == "optimized" or not interpreting()
     )
@@ -145,7 +145,7 @@ def test_reference_decodes_every_code_and_scale():
     )
     codes = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(torch.float8_e4m3fn).double()
     want = codes[None, :] * torch.pow(2.0, torch.arange(256).double() - 127)[:, None]  # [scale, code]
-    want[0] = codes * 0.0  # UE8M0 0 decodes to 0 (the bit shift, SPEC.md §2.3); 0 x NaN stays NaN
+    want[0] = codes * 0.0  # UE8M0 0 decodes to 0 (the bit shift, docs/FP8_DS_MLA.md); 0 x NaN stays NaN
     want[255] = codes * float("inf")
     assert_bitwise_equal("ref all codes x scales", out[0, :, :256], want.to(torch.bfloat16))
 

@@ -1,4 +1,4 @@
-"""quantize_and_insert_k_cache (584-byte record): base and optimized vs the SPEC.md §2.2 reference, bitwise.
+"""quantize_and_insert_k_cache: base and optimized vs the reference, bitwise (docs/FP8_DS_MLA.md).
 
 Every comparison covers the whole page pool, so a stray or missing write anywhere shows. Upstream's own
 kernel (tl.float8e4nv) is compared on GPUs of capability >= 8.9 (the H200) at the end.
@@ -29,7 +29,7 @@ IMPLS = {"base": kvi.base_quantize_and_insert_k_cache, "optimized": kvi.quantize
 class Case:
     name: str
     tokens: int
-    block_size: int = 32  # SWA pages; compressed pages hold 128 or 64 states (SPEC.md §2.1)
+    block_size: int = 32  # SWA pages; compressed pages hold 128 or 64 states (docs/FP8_DS_MLA.md)
     num_blocks: int = 6
     skipped: int = 0  # slots set to -1
     slot_dtype: torch.dtype = torch.int64

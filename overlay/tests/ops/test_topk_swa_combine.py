@@ -1,4 +1,4 @@
-"""combine_topk_swa_indices: kernel vs op-chain reference vs SPEC.md §3.1 loop vs upstream's own kernel.
+"""combine_topk_swa_indices: kernel vs op-chain reference vs docs/OPERATORS.md loop vs upstream's own kernel.
 
 Upstream's kernel is read from the installed vLLM 0.32.0 at test time (never copied into the tree):
 on a GPU the real function runs, on CPU its `@triton.jit` body runs under the interpreter.
@@ -27,7 +27,7 @@ from deepinfer_sm80.testing.gates import test_device
 
 @dataclass(frozen=True)
 class V41:
-    """The combiner's model constants (SPEC.md §1): indexer top-k, sliding window, compress ratios."""
+    """The combiner's model constants (docs/MODEL.md): indexer top-k, sliding window, compress ratios."""
 
     topk: int = 512
     window: int = 128
@@ -112,7 +112,7 @@ def make_args(chunk: Chunk, ratio: int, seed: int = 0) -> dict:
 
 
 def spec_loop(a: dict) -> tuple[torch.Tensor, torch.Tensor]:
-    """SPEC.md §3.1 transcribed token by token in Python ints; rows outside every request: -1, lens 0."""
+    """docs/OPERATORS.md transcribed token by token in Python ints; rows outside every request: -1, lens 0."""
     tk = a["topk_indices"].tolist()
     qsl, seq, gl = (a[k].tolist() for k in ("query_start_loc", "seq_lens", "gather_lens"))
     ratio, topk, window, M, N = (a[k] for k in ("compress_ratio", "topk", "window_size", "M", "N"))

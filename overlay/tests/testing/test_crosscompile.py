@@ -54,7 +54,7 @@ def test_rig_catches_over_budget_and_hardware_fp8():
 
 
 def test_budget_arithmetic():
-    # 256 threads at 128 regs: 2 CTAs/SM on SM80 (SPEC.md §7); 255 regs at 8 warps: 1
+    # 256 threads at 128 regs: 2 CTAs/SM on SM80 (docs/MODEL.md); 255 regs at 8 warps: 1
     assert max_ctas_per_sm(SM80, 128, 0, 8) == 2
     assert max_ctas_per_sm(SM80, 255, 0, 8) == 1
     assert max_ctas_per_sm(SM86, 32, 0, 4) == 12  # thread-limited: 1536 / 128
