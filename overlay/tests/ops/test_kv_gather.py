@@ -222,11 +222,9 @@ def test_rejects_unsupported_inputs(impl):
 
 def test_signatures_match_upstream():
     cu = pytest.importorskip("vllm.models.deepseek_v41.common.ops.cache_utils")
-    from deepinfer_sm80 import base, optimized
-
     want = inspect.signature(cu.dequantize_and_gather_k_cache, eval_str=True)
-    assert inspect.signature(base.dequantize_and_gather_k_cache, eval_str=True) == want
-    assert inspect.signature(optimized.dequantize_and_gather_k_cache, eval_str=True) == want
+    assert inspect.signature(kvg.base_dequantize_and_gather_k_cache, eval_str=True) == want
+    assert inspect.signature(kvg.dequantize_and_gather_k_cache, eval_str=True) == want
     assert kvg.gather_num_workers(49_152) == cu.gather_num_workers(49_152)
     assert kvg.gather_num_workers(None) == cu.gather_num_workers(None)
 

