@@ -12,7 +12,7 @@ PROFILE ?= smoke
 MODEL ?=
 BENCH_ARGS ?=
 
-.PHONY: setup fetch-vllm test lint test-cpu patches patches-check sm80-report gpu-bundle gpu-suite image bench-ab charts clean
+.PHONY: setup fetch-vllm test lint test-cpu patches patches-check install-overlay uninstall-overlay sm80-report gpu-bundle gpu-suite image bench-ab charts clean
 
 setup: $(VENV)/.stamp
 
@@ -42,6 +42,16 @@ patches: fetch-vllm
 patches-check: fetch-vllm
 	$(PY) scripts/patches_check.py
 
+# DeepInfer-SM80 onto an existing vLLM 0.32.0 (VLLM_SITE = its site-packages); LEVEL=base: patch 00 only
+LEVEL ?= optimized
+install-overlay:
+	@test -n "$(VLLM_SITE)" || { echo "install-overlay: set VLLM_SITE=<site-packages holding vllm/>" >&2; exit 2; }
+	$(or $(wildcard $(PY)),$(PYTHON)) scripts/install_overlay.py install --site "$(VLLM_SITE)" --level $(LEVEL)
+
+uninstall-overlay:
+	@test -n "$(VLLM_SITE)" || { echo "uninstall-overlay: set VLLM_SITE=<site-packages holding vllm/>" >&2; exit 2; }
+	$(or $(wildcard $(PY)),$(PYTHON)) scripts/install_overlay.py uninstall --site "$(VLLM_SITE)"
+
 sm80-report: setup
 	$(PY) -m deepinfer_sm80.testing.sm80_report --json results/sm80-compile.json
 
@@ -54,14 +64,31 @@ gpu-bundle: fetch-vllm
 gpu-suite:
 	bash scripts/gpu_suite.sh $(BUNDLE) $${OUT:-results/gpu}
 
-IMAGE_ARGS = --build-arg CUDA_VERSION=$(CUDA_VERSION) --build-arg VLLM_VERSION=$(VLLM_VERSION) \
-	--build-arg "TORCH_CUDA_ARCH_LIST=$(TORCH_CUDA_ARCH_LIST)" --build-arg GIT_SHA=$$(git rev-parse HEAD) \
-	--build-arg PATCHES_SHA256=$$(cat patches/series patches/*.patch | sha256sum | cut -c1-64)
+# Images (docker/README.md). VLLM_BUILD=source (default) compiles vLLM's CUDA code for 8.0/8.6;
+# VLLM_BUILD=precompiled reuses the official wheel's binaries. IMAGE_EXTRA passes more build args
+# (BASE_IMAGE, PYTHON_VERSION, MAX_JOBS, IMAGE_USER); DOCKER names the client.
+DOCKER ?= docker
+VLLM_BUILD ?= source
+IMAGE_NAME ?= deepinfer-sm80
+IMAGE_EXTRA ?=
+IMAGE_REV := $(shell git rev-parse HEAD 2>/dev/null)$(shell git diff --quiet HEAD -- docker patches overlay 2>/dev/null || echo -dirty)
+IMAGE_ARGS = --network host -f docker/Dockerfile.sm80 --build-arg CUDA_VERSION=$(CUDA_VERSION) \
+	--build-arg VLLM_BUILD=$(VLLM_BUILD) --build-arg VLLM_VERSION=$(VLLM_VERSION) \
+	--build-arg VLLM_SDIST_SHA256=$(VLLM_SDIST_SHA256) --build-arg VLLM_WHEEL_SHA256=$(VLLM_WHEEL_SHA256) \
+	--build-arg PATCHES_SHA256=$$(bash docker/patchset_hash.sh patches) --build-arg GIT_SHA=$(IMAGE_REV) $(IMAGE_EXTRA)
 
-# Needs a Docker engine that can pull nvidia/cuda (not available on our CPU CI machines).
+.PHONY: image-smoke
+# Both targets; each also tagged with the git revision (…:baseline-<rev12>).
 image: fetch-vllm
-	DOCKER_BUILDKIT=1 docker build -f docker/Dockerfile.sm80 $(IMAGE_ARGS) --target baseline -t deepinfer-sm80:baseline .
-	DOCKER_BUILDKIT=1 docker build -f docker/Dockerfile.sm80 $(IMAGE_ARGS) --target deepinfer -t deepinfer-sm80:deepinfer .
+	DOCKER_BUILDKIT=1 $(DOCKER) build $(IMAGE_ARGS) --target baseline \
+		-t $(IMAGE_NAME):baseline -t $(IMAGE_NAME):baseline-$(shell echo $(IMAGE_REV) | cut -c1-12) .
+	DOCKER_BUILDKIT=1 $(DOCKER) build $(IMAGE_ARGS) --target deepinfer \
+		-t $(IMAGE_NAME):deepinfer -t $(IMAGE_NAME):deepinfer-$(shell echo $(IMAGE_REV) | cut -c1-12) .
+
+# Precompiled build of both targets on a locally made Debian base (no registry), self-tests,
+# `vllm serve --help` and the harness's --dry-run commands against the tags; log in .cache/image-smoke/.
+image-smoke: fetch-vllm
+	bash scripts/docker_smoke.sh
 
 # BENCH_ARGS passes harness flags through, e.g. BENCH_ARGS="--fresh" or "--dry-run"
 bench-ab: setup
