@@ -29,8 +29,10 @@ from pins import load_pins  # noqa: E402
 STAMP = ".extracted-from-sha256"  # written by fetch_vllm.py: the wheel the tree came from
 PATCH_00 = "00-sm80-base-enablement.patch"
 PATCH_01 = "01-deepinfer-optimizations.patch"
-HOOK_COMMENT = "# DeepInfer-SM80 patch 00: apply this module's rows of deepinfer_sm80/bindings.py (the table gates them)."
-HOOK_LINE = "from deepinfer_sm80.bindings import rebind; rebind(globals(), __name__)  # noqa: E402, E702, I001"
+HOOK_COMMENT = "# DeepInfer-SM80 patch 00: apply the rows of deepinfer_sm80/bindings.py for this module."
+HOOK_LINE = (
+    "from deepinfer_sm80.bindings import rebind; rebind(globals(), __name__)  # noqa: E402, E702, I001"
+)
 LEVEL_MODULE = "vllm/deepinfer_sm80_level.py"
 LEVEL_TEXT = (
     '"""DeepInfer-SM80 patch 01: selects the optimized rows of deepinfer_sm80/bindings.py."""\n'
@@ -168,7 +170,9 @@ def main(argv: list[str] | None = None) -> int:
     stale = [n for n, text in generated.items() if (args.out / n).read_text() != text] if args.check else []
     if args.check:
         if stale:
-            print(f"make_patches: {', '.join(stale)} differ from the table; run make patches", file=sys.stderr)
+            print(
+                f"make_patches: {', '.join(stale)} differ from the table; run make patches", file=sys.stderr
+            )
             return 1
         print(f"make_patches: {len(generated)} patches match the binding table")
         return 0

@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from make_patches import (  # noqa: E402
+from make_patches import (
     ROOT,
     Tree,
     TreeError,
