@@ -224,3 +224,64 @@ def random_combine_inputs(
         M=M,
         N=n_comp,
     )
+
+
+# ----------------------------------------------------------------------------- DSpark draft step
+DRAFT_KINDS = ("random", "ties", "all-equal", "nan-rows", "neg-inf-bias", "temp0-and-padding")
+
+
+@dataclass(frozen=True)
+class DraftInputs:
+    """One DSpark draft block: K positions of base logits plus the Markov head and sampling state."""
+
+    base_logits: torch.Tensor  # [B, K, V] bf16
+    bias: torch.Tensor  # [B, K, V] bf16, a per-position bias for step-level tests
+    anchor: torch.Tensor  # [B] int64
+    markov_w1: torch.Tensor  # [V, R] bf16
+    markov_w2: torch.Tensor  # [V, R] bf16
+    idx_map: torch.Tensor  # [B, K] int64 request slot (-1 = padding row)
+    sample_pos: torch.Tensor  # [B, K] int64 predicted-token position
+    temperature: torch.Tensor  # [slots] fp32
+    seeds: torch.Tensor  # [slots] int64
+
+
+def draft_inputs(
+    kind: str, B: int, K: int, V: int, R: int, gen: torch.Generator, *, device: str | torch.device = "cpu"
+) -> DraftInputs:
+    """Logits of `kind` (DRAFT_KINDS): exact ties, constant rows, NaN rows, -inf biases, T = 0 / padding."""
+    if kind not in DRAFT_KINDS:
+        raise ValueError(f"draft input kind {kind!r} not in {DRAFT_KINDS}")
+    slots = B + 3
+    base = torch.randn(B, K, V, generator=gen) * 3
+    bias = torch.randn(B, K, V, generator=gen)
+    if kind == "ties":  # a handful of values: many exact maxima per row, spread over blocks
+        base = torch.randint(0, 4, (B, K, V), generator=gen).float()
+        bias = torch.zeros(B, K, V)
+    elif kind == "all-equal":
+        base = torch.full((B, K, V), 1.5)
+        bias = torch.zeros(B, K, V)
+    elif kind == "nan-rows":  # row 0 all NaN, odd rows a few NaNs, the rest clean
+        base[0] = float("nan")
+        pick = torch.rand(B, K, V, generator=gen) < 0.002
+        pick[0::2] = False
+        base[pick] = float("nan")
+    elif kind == "neg-inf-bias":  # -inf over most columns, one row entirely -inf
+        bias[torch.rand(B, K, V, generator=gen) < 0.9] = float("-inf")
+        bias[-1] = float("-inf")
+    temperature = torch.rand(slots, generator=gen) * 1.5 + 0.1
+    idx_map = torch.randperm(slots, generator=gen)[:B][:, None].expand(B, K).clone()  # [B, K]
+    if kind == "temp0-and-padding":
+        temperature[idx_map[0::3, 0]] = 0.0
+        idx_map[1::4] = -1
+    seeds = torch.randint(-(1 << 62), 1 << 62, (slots,), generator=gen)
+    start = torch.randint(0, 5000, (B, 1), generator=gen)
+    sample_pos = start + torch.arange(K)[None, :] + 1  # [B, K]
+    w1 = torch.randn(V, R, generator=gen) * 0.5
+    w2 = torch.randn(V, R, generator=gen) * 0.05
+    bf = torch.bfloat16
+    return DraftInputs(
+        base_logits=base.to(bf).to(device), bias=bias.to(bf).to(device),
+        anchor=torch.randint(0, V, (B,), generator=gen).to(device), markov_w1=w1.to(bf).to(device),
+        markov_w2=w2.to(bf).to(device), idx_map=idx_map.to(device), sample_pos=sample_pos.to(device),
+        temperature=temperature.to(device), seeds=seeds.to(device),
+    )  # fmt: skip
