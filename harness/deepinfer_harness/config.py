@@ -53,15 +53,21 @@ class Topology:
 class Server:
     mode: str = "local"  # local | docker | url
     schedule: str = "sequential"  # sequential: one server at a time; concurrent: both arms up at once
-    images: dict[str, str] = field(default_factory=lambda: {"A": "deepinfer-sm80:baseline",
-                                                            "B": "deepinfer-sm80:deepinfer"})
+    images: dict[str, str] = field(
+        default_factory=lambda: {"A": "deepinfer-sm80:baseline", "B": "deepinfer-sm80:deepinfer"}
+    )
     urls: dict[str, str] = field(default_factory=dict)
-    command: list[str] = field(default_factory=lambda: ["{python}", "-m",
-                                                        "vllm.entrypoints.openai.api_server"])
+    # local mode: `vllm serve` through this interpreter; `commands` may give each arm its own
+    # install (e.g. two virtualenvs), otherwise both arms run `command` (an A/A unless env differs)
+    command: list[str] = field(
+        default_factory=lambda: ["{python}", "-m", "vllm.entrypoints.cli.main", "serve"]
+    )
+    commands: dict[str, list[str]] = field(default_factory=dict)
     host: str = "127.0.0.1"
     ports: dict[str, int] = field(default_factory=lambda: {"A": 8100, "B": 8101})
     env: dict[str, str] = field(default_factory=dict)
     variant_env: dict[str, dict[str, str]] = field(default_factory=dict)
+    pass_env: list[str] = field(default_factory=list)  # host variables the server may see (by name)
     docker_args: list[str] = field(default_factory=list)
     health_timeout_s: float = 1800.0
     nice: int = 0  # >0: lower the server's CPU priority, its session autogroup included (Linux)
@@ -73,6 +79,20 @@ class Server:
             raise ConfigError(f"server.schedule must be sequential or concurrent, got {self.schedule!r}")
         if self.mode == "url" and not all(self.urls.get(v) for v in VARIANTS):
             raise ConfigError("server.mode url needs server.urls.A and server.urls.B")
+        if self.mode != "url" and not all(v in self.ports for v in VARIANTS):
+            raise ConfigError("server.ports needs A and B")
+        if self.mode != "url" and self.schedule == "concurrent" and self.ports["A"] == self.ports["B"]:
+            raise ConfigError(
+                f"server.schedule concurrent runs both arms at once: server.ports.A and B "
+                f"must differ (both are {self.ports['A']})"
+            )
+        if self.mode == "docker" and not all(self.images.get(v) for v in VARIANTS):
+            raise ConfigError("server.mode docker needs server.images.A and server.images.B")
+        unknown = set(self.commands) - set(VARIANTS)
+        if unknown:
+            raise ConfigError(f"server.commands: unknown arms {sorted(unknown)} (A or B)")
+        if any(not c for c in self.commands.values()) or not self.command:
+            raise ConfigError("server.command / server.commands entries must not be empty")
 
 
 @dataclass
@@ -116,6 +136,7 @@ class Plan:
 @dataclass
 class AB:
     repetitions: int = 2  # ABBA blocks; each block gives two (A, B) pairs
+    aa: bool = False  # both arms are the same build on purpose: nothing is marked better or worse
     bootstrap_resamples: int = 10_000
     seed: int = 0
     deltas: dict[str, float] = field(default_factory=lambda: {"decode_tok_s": 0.02, "ttft_ms": 0.03})
@@ -151,25 +172,35 @@ class Profile:
     read_timeout_s: float = 3600.0
 
     def __post_init__(self) -> None:
+        if self.ab.repetitions < 1:
+            raise ConfigError(f"ab.repetitions must be >= 1, got {self.ab.repetitions}")
         p = self.plan
-        needs = [*p.prefill.isls, *(c["isl"] for c in p.prefill.concurrent), *p.ttft_isls,
-                 *(d["isl"] for d in p.nll)]
+        needs = [
+            *p.prefill.isls,
+            *(c["isl"] for c in p.prefill.concurrent),
+            *p.ttft_isls,
+            *(d["isl"] for d in p.nll),
+        ]
         needs = [x + 1 for x in needs]
         if p.decode.concurrencies:
             needs.append(p.decode.isl + p.decode.osl)
         if p.greedy.concurrencies:
             needs.append(p.greedy.isl + p.greedy.osl)
         if needs and max(needs) > self.max_model_len:
-            raise ConfigError(f"max_model_len {self.max_model_len} < largest ISL+OSL {max(needs)}: "
-                              "vLLM would silently clamp max_tokens")
+            raise ConfigError(
+                f"max_model_len {self.max_model_len} < largest ISL+OSL {max(needs)}: "
+                "vLLM would silently clamp max_tokens"
+            )
         if self.speculative and self.speculative.get("num_speculative_tokens_per_batch_size"):
             raise ConfigError("leave num_speculative_tokens_per_batch_size unset (it changes tokens/step)")
         flags = self.serve_flags
         if "--max-num-seqs" in flags and p.decode.concurrencies:
             max_seqs = int(flags[flags.index("--max-num-seqs") + 1])
             if max(p.decode.concurrencies) > max_seqs:
-                raise ConfigError(f"decode C={max(p.decode.concurrencies)} > --max-num-seqs {max_seqs}: "
-                                  "requests would queue and the window would not hold C in flight")
+                raise ConfigError(
+                    f"decode C={max(p.decode.concurrencies)} > --max-num-seqs {max_seqs}: "
+                    "requests would queue and the window would not hold C in flight"
+                )
         if "--disable-log-stats" in self.serve_flags:
             raise ConfigError("--disable-log-stats removes the Prometheus counters the harness needs")
 

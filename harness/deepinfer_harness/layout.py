@@ -1,16 +1,20 @@
-"""Result layout (HARNESS.md §6); every stage finds its inputs through these paths only.
+"""Result layout and the run key; every stage finds its inputs through these paths only.
 
-    <run>/{manifest.json, summary.json, ab.json, ab.md, ab.csv, runs.csv, prompts/corpus.json}
-    <run>/logs/<variant>.s<session>.server.log
-    <run>/cells/<cell_id>/<variant>.r<k>.{jsonl, cell.json, summary.json, metrics.{idle,before,after}.prom.gz}
+<run>/{manifest.json, summary.json, ab.json, ab.md, ab.csv, runs.csv, prompts/corpus.json}
+<run>/logs/<variant>.s<session>.server.log
+<run>/cells/<cell_id>/<variant>.r<k>.{jsonl, cell.json, summary.json, metrics.{idle,before,after}.prom.gz}
+<run>/cells/<cell_id>/attempts/<variant>.r<k>.a<n>.*   (set-aside invalid or partial runs)
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+_RUN_FILE = re.compile(r"^([AB])\.r(\d+)\.")
 
 
 def write_json(path: Path, data: Any) -> None:
@@ -22,6 +26,22 @@ def write_json(path: Path, data: Any) -> None:
 
 def read_json(path: Path) -> Any:
     return json.loads(path.read_text())
+
+
+@dataclass(frozen=True, order=True)
+class RunKey:
+    """One run: a cell measured once by one variant in its k-th session (rep k)."""
+
+    cell_id: str
+    variant: str
+    rep: int
+
+    @property
+    def tag(self) -> str:
+        return f"{self.variant}.r{self.rep}"
+
+    def __str__(self) -> str:
+        return f"{self.cell_id}/{self.tag}"
 
 
 @dataclass(frozen=True)
@@ -50,28 +70,40 @@ class RunLayout:
     def cell_dir(self, cell_id: str) -> Path:
         return self.root / "cells" / cell_id
 
-    def run_file(self, cell_id: str, variant: str, rep: int, suffix: str) -> Path:
-        return self.cell_dir(cell_id) / f"{variant}.r{rep}.{suffix}"
+    def run_file(self, key: RunKey, suffix: str) -> Path:
+        return self.cell_dir(key.cell_id) / f"{key.tag}.{suffix}"
 
-    def run_files(self, cell_id: str, variant: str, rep: int) -> list[Path]:
-        return sorted(self.cell_dir(cell_id).glob(f"{variant}.r{rep}.*"))
+    def run_files(self, key: RunKey) -> list[Path]:
+        return sorted(self.cell_dir(key.cell_id).glob(f"{key.tag}.*"))
 
-    def finished(self, cell_id: str, variant: str, rep: int) -> bool:
+    def state(self, key: RunKey) -> str:
+        """'valid' (summary says so), 'invalid' (summary says not), 'partial' (files, no summary), 'none'."""
+        path = self.run_file(key, "summary.json")
+        if path.exists():
+            return "valid" if read_json(path).get("validity", {}).get("valid") else "invalid"
+        return "partial" if self.run_files(key) else "none"
+
+    def finished(self, key: RunKey) -> bool:
         """A run is finished when its summary exists and says valid; invalid runs are re-run."""
-        path = self.run_file(cell_id, variant, rep, "summary.json")
-        return path.exists() and bool(read_json(path).get("validity", {}).get("valid"))
+        return self.state(key) == "valid"
 
-    def retire(self, cell_id: str, variant: str, rep: int) -> None:
+    def retire(self, key: RunKey) -> None:
         """Move an unfinished or invalid run's files to attempts/ (kept, never deleted)."""
-        files = self.run_files(cell_id, variant, rep)
+        files = self.run_files(key)
         if not files:
             return
-        attempts = self.cell_dir(cell_id) / "attempts"
-        attempt = len({p.name.split(".")[2] for p in attempts.glob(f"{variant}.r{rep}.a*.*")})
+        attempts = self.cell_dir(key.cell_id) / "attempts"
+        attempt = len({p.name.split(".")[2] for p in attempts.glob(f"{key.tag}.a*.*")})
         attempts.mkdir(parents=True, exist_ok=True)
         for path in files:
             rest = path.name.split(".", 2)[2]
-            path.replace(attempts / f"{variant}.r{rep}.a{attempt}.{rest}")
+            path.replace(attempts / f"{key.tag}.a{attempt}.{rest}")
 
-    def summaries(self) -> list[Path]:
-        return sorted((self.root / "cells").glob("*/[AB].r*.summary.json"))
+    def keys(self) -> list[RunKey]:
+        """Every run with a summary, in (cell, variant, rep) order."""
+        out = []
+        for path in (self.root / "cells").glob("*/[AB].r*.summary.json"):
+            m = _RUN_FILE.match(path.name)
+            if m:
+                out.append(RunKey(path.parent.name, m.group(1), int(m.group(2))))
+        return sorted(out)

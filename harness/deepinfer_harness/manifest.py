@@ -25,8 +25,9 @@ class DefinitionMismatch(RuntimeError):
 
 
 def git_sha(where: Path) -> str | None:
-    res = subprocess.run(["git", "-C", str(where), "rev-parse", "HEAD"], capture_output=True, text=True,
-                         check=False)
+    res = subprocess.run(
+        ["git", "-C", str(where), "rev-parse", "HEAD"], capture_output=True, text=True, check=False
+    )
     return res.stdout.strip() or None
 
 
@@ -59,36 +60,66 @@ def _version(dist: str) -> str | None:
         return None
 
 
-def init_manifest(layout: RunLayout, profile: Profile, cells: list[CellDef], sessions: list[Session],
-                  run_id: str, model: str, note: str | None) -> dict[str, Any]:
-    cell_rows = [{"cell_id": c.id, "kind": c.cell.kind, "isl": c.cell.isl, "osl": c.cell.osl,
-                  "concurrency": c.cell.concurrency, "n": c.n, "definition_sha256": c.definition_sha256}
-                 for c in cells]
+def init_manifest(
+    layout: RunLayout,
+    profile: Profile,
+    cells: list[CellDef],
+    sessions: list[Session],
+    run_id: str,
+    model: str,
+    note: str | None,
+) -> dict[str, Any]:
+    cell_rows = [
+        {
+            "cell_id": c.id,
+            "kind": c.cell.kind,
+            "isl": c.cell.isl,
+            "osl": c.cell.osl,
+            "concurrency": c.cell.concurrency,
+            "n": c.n,
+            "definition_sha256": c.definition_sha256,
+        }
+        for c in cells
+    ]
     if layout.manifest.exists():
         old = read_json(layout.manifest)
         old_defs = {c["cell_id"]: c["definition_sha256"] for c in old["cells"]}
         new_defs = {c["cell_id"]: c["definition_sha256"] for c in cell_rows}
         changed = sorted(k for k in old_defs.keys() & new_defs.keys() if old_defs[k] != new_defs[k])
         if changed or old.get("model") != model:
-            raise DefinitionMismatch(f"{layout.root}: cell definitions or model changed since the run began "
-                                     f"({changed or 'model'}); use a new --run-id or --fresh")
+            raise DefinitionMismatch(
+                f"{layout.root}: cell definitions or model changed since the run began "
+                f"({changed or 'model'}); use a new --run-id or --fresh"
+            )
         old["cells"] = cell_rows
         return old
     manifest = {
-        "schema_version": SCHEMA_VERSION, "run_id": run_id, "started_at": time.time(), "ended_at": None,
-        "model": model, "note": note,
-        "harness": {"version": __version__, "git_sha": git_sha(Path(__file__).parent),
-                    "python": sys.version.split()[0], "aiohttp": _version("aiohttp"),
-                    "corpus_text_sha256": text_sha256(), "host_id": host_id()},
-        "profile": profile_dict(profile), "cells": cell_rows,
-        "schedule": [dataclasses.asdict(s) for s in sessions], "sessions": {},
+        "schema_version": SCHEMA_VERSION,
+        "run_id": run_id,
+        "started_at": time.time(),
+        "ended_at": None,
+        "model": model,
+        "note": note,
+        "harness": {
+            "version": __version__,
+            "git_sha": git_sha(Path(__file__).parent),
+            "python": sys.version.split()[0],
+            "aiohttp": _version("aiohttp"),
+            "corpus_text_sha256": text_sha256(),
+            "host_id": host_id(),
+        },
+        "profile": profile_dict(profile),
+        "cells": cell_rows,
+        "schedule": [dataclasses.asdict(s) for s in sessions],
+        "sessions": {},
     }
     write_json(layout.manifest, manifest)
     return manifest
 
 
-def finalize_manifest(layout: RunLayout, manifest: dict[str, Any], sessions: dict[str, Any],
-                      profile: Profile) -> dict[str, Any]:
+def finalize_manifest(
+    layout: RunLayout, manifest: dict[str, Any], sessions: dict[str, Any], profile: Profile
+) -> dict[str, Any]:
     manifest["sessions"] = sessions
     variants: dict[str, Any] = {}
     for key in sorted(sessions, key=int):

@@ -9,11 +9,32 @@ from __future__ import annotations
 
 from typing import Any
 
-ALLOWED = {"image_digest", "image_labels", "patches", "patches_sha256", "vllm_commit_id", "started_at",
-           "base_url", "argv", "env", "kv_cache", "cache_config_info", "gpus", "non_default_args",
-           "server_env"}
-COMPARED = ("vllm_version", "served_model", "serve_args", "server_info_sha256", "attention_backend",
-            "speculative_config", "pip_packages", "engine_version")
+ALLOWED = {
+    "image_digest",
+    "image_labels",
+    "patches",
+    "patches_sha256",
+    "vllm_commit_id",
+    "started_at",
+    "base_url",
+    "argv",
+    "env",
+    "kv_cache",
+    "cache_config_info",
+    "gpus",
+    "non_default_args",
+    "server_env",
+}
+COMPARED = (
+    "vllm_version",
+    "served_model",
+    "serve_args",
+    "server_info_sha256",
+    "attention_backend",
+    "speculative_config",
+    "pip_packages",
+    "engine_version",
+)
 NETWORK_FLAGS = {"--port", "--host"}
 
 
@@ -57,5 +78,10 @@ def certificate(sessions: dict[str, dict[str, Any]], declared_env: set[str]) -> 
             diffs.append(f"{tag}: gpus {ref_gpus} != {gpus}")
     variants = {s.get("variant") for s in ordered}
     status = "ok" if not diffs and variants == {"A", "B"} else ("fail" if diffs else "incomplete")
-    return {"status": status, "diffs": diffs, "declared": sorted(declared_env), "compared": list(COMPARED),
-            "allowed": sorted(ALLOWED)}
+    return {
+        "status": status,
+        "diffs": diffs,
+        "declared": sorted(declared_env),
+        "compared": list(COMPARED),
+        "allowed": sorted(ALLOWED),
+    }

@@ -61,8 +61,14 @@ def build_cells(profile: Profile) -> list[CellDef]:
         cells.append(CellDef(Cell("ttft", isl), n=p.ttft_n))
     d = p.decode
     for c in d.concurrencies:
-        cells.append(CellDef(Cell("decode", d.isl, d.osl, c), warmup_s=d.warmup_s, window_s=d.window_s,
-                             min_steps=d.min_steps))
+        cells.append(
+            CellDef(
+                Cell("decode", d.isl, d.osl, c),
+                warmup_s=d.warmup_s,
+                window_s=d.window_s,
+                min_steps=d.min_steps,
+            )
+        )
     for spec in p.nll:
         cells.append(CellDef(Cell("nll", spec["isl"]), n=spec["docs"], warmup=0))
     g = p.greedy
@@ -85,7 +91,7 @@ def session_order(cells: list[CellDef], seed: int) -> list[CellDef]:
 def abba_schedule(repetitions: int) -> list[Session]:
     sessions, reps = [], {"A": 0, "B": 0}
     for block in range(repetitions):
-        for variant in ("ABBA" if block % 2 == 0 else "BAAB"):
+        for variant in "ABBA" if block % 2 == 0 else "BAAB":
             sessions.append(Session(len(sessions), variant, reps[variant]))
             reps[variant] += 1
     return sessions

@@ -42,12 +42,16 @@ class TokenCorpus:
         start = (index * stride) % n
         reps = (start + isl) // n + 1
         tiled = self.ids * reps
-        return tiled[start:start + isl]
+        return tiled[start : start + isl]
 
     def save(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        payload = {"ids": self.ids, "canary_ids": self.canary_ids, "text_sha256": self.text_sha256,
-                   "ids_sha256": self.sha256}
+        payload = {
+            "ids": self.ids,
+            "canary_ids": self.canary_ids,
+            "text_sha256": self.text_sha256,
+            "ids_sha256": self.sha256,
+        }
         path.write_text(json.dumps(payload))
 
     @classmethod

@@ -62,9 +62,11 @@ def _weights(cfg: TinyConfig) -> dict:
     def w(rows: int, cols: int) -> np.ndarray:
         return (rng.standard_normal((rows, cols)) * 0.05).astype(np.float32)
 
-    tensors = {"model.embed_tokens.weight": w(cfg.vocab_size, h),
-               "model.norm.weight": np.ones(h, np.float32),
-               "lm_head.weight": w(cfg.vocab_size, h)}
+    tensors = {
+        "model.embed_tokens.weight": w(cfg.vocab_size, h),
+        "model.norm.weight": np.ones(h, np.float32),
+        "lm_head.weight": w(cfg.vocab_size, h),
+    }
     for layer in range(cfg.num_hidden_layers):
         p = f"model.layers.{layer}."
         tensors |= {
@@ -87,13 +89,21 @@ def _tokenizer(cfg: TinyConfig, out: Path) -> tuple[int, int]:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=cfg.vocab_size, special_tokens=[BOS, EOS],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=cfg.vocab_size,
+        special_tokens=[BOS, EOS],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator([corpus_text()], trainer=trainer)
     assert tok.get_vocab_size() <= cfg.vocab_size, "tokenizer outgrew the embedding table"
     tok.save(str(out / "tokenizer.json"))
-    tok_cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": BOS, "eos_token": EOS,
-               "add_bos_token": False, "model_max_length": cfg.max_position_embeddings}
+    tok_cfg = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": BOS,
+        "eos_token": EOS,
+        "add_bos_token": False,
+        "model_max_length": cfg.max_position_embeddings,
+    }
     (out / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=1))
     (out / "special_tokens_map.json").write_text(json.dumps({"bos_token": BOS, "eos_token": EOS}))
     return tok.token_to_id(BOS), tok.token_to_id(EOS)
@@ -110,8 +120,7 @@ def build_tiny_model(out: Path, cfg: TinyConfig | None = None) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     bos_id, eos_id = _tokenizer(cfg, out)
     (out / "config.json").write_text(json.dumps(_hf_config(cfg, bos_id, eos_id), indent=1))
-    (out / "generation_config.json").write_text(json.dumps({"bos_token_id": bos_id,
-                                                            "eos_token_id": eos_id}))
+    (out / "generation_config.json").write_text(json.dumps({"bos_token_id": bos_id, "eos_token_id": eos_id}))
     save_file(_weights(cfg), str(out / "model.safetensors"), metadata={"format": "pt"})
     stamp.write_text(json.dumps(asdict(cfg)))
     return out

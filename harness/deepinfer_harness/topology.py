@@ -20,8 +20,9 @@ def boundaries(partition: list[int]) -> list[int]:
     return out
 
 
-def illegal_boundaries(partition: list[int],
-                       groups: tuple[tuple[int, int], ...]) -> list[tuple[int, int, int]]:
+def illegal_boundaries(
+    partition: list[int], groups: tuple[tuple[int, int], ...]
+) -> list[tuple[int, int, int]]:
     """(boundary, group start, group end) for every boundary that splits a sharing group."""
     return [(b, s, e) for b in boundaries(partition) for s, e in groups if s < b <= e]
 
@@ -37,8 +38,9 @@ def legal_partitions(num_layers: int, pp: int, groups: tuple[tuple[int, int], ..
     return sorted(found, key=lambda p: (max(p), sum((x - mean) ** 2 for x in p)))
 
 
-def partition_error(partition: list[int], pp: int, num_layers: int,
-                    groups: tuple[tuple[int, int], ...]) -> str | None:
+def partition_error(
+    partition: list[int], pp: int, num_layers: int, groups: tuple[tuple[int, int], ...]
+) -> str | None:
     """A message saying why vLLM would refuse `partition`, with legal alternatives; None if legal."""
     if len(partition) != pp:
         return f"VLLM_PP_LAYER_PARTITION has {len(partition)} entries but pp={pp}"
@@ -49,6 +51,8 @@ def partition_error(partition: list[int], pp: int, num_layers: int,
         return None
     where = "; ".join(f"boundary at layer {b} splits KV-sharing group {s}–{e}" for b, s, e in bad)
     alts = " or ".join(",".join(map(str, p)) for p in legal_partitions(num_layers, pp, groups)[:2])
-    return (f"VLLM_PP_LAYER_PARTITION={','.join(map(str, partition))}: {where}; vLLM 0.32.0 raises "
-            f"NotImplementedError at startup (SPEC.md §1). Legal alternatives: {alts} "
-            f"(e.g. --set topology.pp_partition=[{alts.split(' or ')[0]}])")
+    return (
+        f"VLLM_PP_LAYER_PARTITION={','.join(map(str, partition))}: {where}; vLLM 0.32.0 raises "
+        f"NotImplementedError at startup (SPEC.md §1). Legal alternatives: {alts} "
+        f"(e.g. --set topology.pp_partition=[{alts.split(' or ')[0]}])"
+    )

@@ -12,8 +12,9 @@ HERE = Path(__file__).resolve().parent
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers",
-                            "integration: starts real vLLM servers (deselect: -m 'not integration')")
+    config.addinivalue_line(
+        "markers", "integration: starts real vLLM servers (deselect: -m 'not integration')"
+    )
 
 
 class FakeServer:
@@ -23,8 +24,9 @@ class FakeServer:
 
     def configure(self, **cfg) -> dict:
         data = json.dumps({"reset": True, **cfg}).encode()
-        req = urllib.request.Request(f"{self.url}/fake/config", data=data,
-                                     headers={"Content-Type": "application/json"})
+        req = urllib.request.Request(
+            f"{self.url}/fake/config", data=data, headers={"Content-Type": "application/json"}
+        )
         with urllib.request.urlopen(req, timeout=10) as resp:
             return json.loads(resp.read())
 

@@ -17,8 +17,16 @@ import time
 
 from aiohttp import web
 
-DEFAULT = {"tokens_per_chunk": 1, "step_ms": 1.0, "ttft_ms": 2.0, "max_model_len": 1_100_000,
-           "mode": "normal", "fail_after_events": 2, "restart_after_requests": -1, "vocab": 1000}
+DEFAULT = {
+    "tokens_per_chunk": 1,
+    "step_ms": 1.0,
+    "ttft_ms": 2.0,
+    "max_model_len": 1_100_000,
+    "mode": "normal",
+    "fail_after_events": 2,
+    "restart_after_requests": -1,
+    "vocab": 1000,
+}
 
 
 class State:
@@ -29,8 +37,16 @@ class State:
 
     def reset_counters(self) -> None:
         self.created = time.time()
-        self.c = {"prompt_tokens": 0, "success": 0, "generation": 0, "drafts": 0, "draft_tokens": 0,
-                  "accepted": 0, "requests_seen": 0, "per_pos": [0] * 5}
+        self.c = {
+            "prompt_tokens": 0,
+            "success": 0,
+            "generation": 0,
+            "drafts": 0,
+            "draft_tokens": 0,
+            "accepted": 0,
+            "requests_seen": 0,
+            "per_pos": [0] * 5,
+        }
 
 
 def _event(obj: dict) -> bytes:
@@ -61,8 +77,12 @@ async def completions(request: web.Request) -> web.StreamResponse:
             n = min(k, max_tokens - sent)
             ids = [(sent + j + len(prompt)) % cfg["vocab"] for j in range(n)]
             finish = "length" if sent + n == max_tokens else None
-            choice = {"index": 0, "text": "x" * n, "finish_reason": finish,
-                      "token_ids": ids if body.get("return_token_ids") else None}
+            choice = {
+                "index": 0,
+                "text": "x" * n,
+                "finish_reason": finish,
+                "token_ids": ids if body.get("return_token_ids") else None,
+            }
             if events == 0 and body.get("return_token_ids"):
                 choice["prompt_token_ids"] = prompt
             await resp.write(_event({"id": "cmpl-x", "choices": [choice]}))
@@ -76,8 +96,18 @@ async def completions(request: web.Request) -> web.StreamResponse:
                 for pos in range(min(n - 1, 5)):
                     st.c["per_pos"][pos] += 1
             if cfg["mode"] == "error_after_200" and events == cfg["fail_after_events"]:
-                await resp.write(_event({"error": {"message": "engine failed", "type": "InternalError",
-                                                   "param": None, "code": 500}}))
+                await resp.write(
+                    _event(
+                        {
+                            "error": {
+                                "message": "engine failed",
+                                "type": "InternalError",
+                                "param": None,
+                                "code": 500,
+                            }
+                        }
+                    )
+                )
                 await resp.write(b"data: [DONE]\n\n")
                 return resp
             if cfg["mode"] == "truncate" and events == cfg["fail_after_events"]:
@@ -86,15 +116,35 @@ async def completions(request: web.Request) -> web.StreamResponse:
             await asyncio.sleep(cfg["step_ms"] / 1e3)
         st.c["prompt_tokens"] += len(prompt)
         st.c["success"] += 1
-        usage = {"prompt_tokens": len(prompt), "completion_tokens": sent, "total_tokens": len(prompt) + sent,
-                 "prompt_tokens_details": {"cached_tokens": 0}}
+        usage = {
+            "prompt_tokens": len(prompt),
+            "completion_tokens": sent,
+            "total_tokens": len(prompt) + sent,
+            "prompt_tokens_details": {"cached_tokens": 0},
+        }
         steps = events - 1
-        spec = {"num_spec_steps": steps, "num_draft_tokens": 5 * steps,
-                "num_accepted_draft_tokens": sent - min(k, sent) - steps}
-        metrics = {"time_to_first_token_ms": cfg["ttft_ms"], "queue_time_ms": 0.01,
-                   "generation_time_ms": cfg["step_ms"] * events, "speculative_decoding": spec}
-        await resp.write(_event({"id": "cmpl-x", "choices": [], "usage": usage,
-                                 "system_fingerprint": "vllm-0.32.0-fake0001", "metrics": metrics}))
+        spec = {
+            "num_spec_steps": steps,
+            "num_draft_tokens": 5 * steps,
+            "num_accepted_draft_tokens": sent - min(k, sent) - steps,
+        }
+        metrics = {
+            "time_to_first_token_ms": cfg["ttft_ms"],
+            "queue_time_ms": 0.01,
+            "generation_time_ms": cfg["step_ms"] * events,
+            "speculative_decoding": spec,
+        }
+        await resp.write(
+            _event(
+                {
+                    "id": "cmpl-x",
+                    "choices": [],
+                    "usage": usage,
+                    "system_fingerprint": "vllm-0.32.0-fake0001",
+                    "metrics": metrics,
+                }
+            )
+        )
         await resp.write(b"data: [DONE]\n\n")
         return resp
     finally:
@@ -111,13 +161,27 @@ def _prompt_logprobs(st: State, prompt: list[int], body: dict) -> web.Response:
         entries.append(top)
     st.c["prompt_tokens"] += len(prompt)
     st.c["success"] += 1
-    return web.json_response({
-        "id": "cmpl-x", "choices": [{"index": 0, "text": "x", "token_ids": None, "finish_reason": "length",
-                                     "prompt_logprobs": entries}],
-        "usage": {"prompt_tokens": len(prompt), "completion_tokens": 1,
-                  "prompt_tokens_details": {"cached_tokens": 0}},
-        "system_fingerprint": "vllm-0.32.0-fake0001", "metrics": {"time_to_first_token_ms": 1.0,
-                                                                  "queue_time_ms": 0.01}})
+    return web.json_response(
+        {
+            "id": "cmpl-x",
+            "choices": [
+                {
+                    "index": 0,
+                    "text": "x",
+                    "token_ids": None,
+                    "finish_reason": "length",
+                    "prompt_logprobs": entries,
+                }
+            ],
+            "usage": {
+                "prompt_tokens": len(prompt),
+                "completion_tokens": 1,
+                "prompt_tokens_details": {"cached_tokens": 0},
+            },
+            "system_fingerprint": "vllm-0.32.0-fake0001",
+            "metrics": {"time_to_first_token_ms": 1.0, "queue_time_ms": 0.01},
+        }
+    )
 
 
 async def metrics(request: web.Request) -> web.Response:

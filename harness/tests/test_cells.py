@@ -23,22 +23,36 @@ def test_round_trip(cell):
     assert parse_cell(format_cell(cell)) == cell
 
 
-@pytest.mark.parametrize("cell_id, cell", [
-    ("prefill-cold-i64k", Cell("prefill-cold", 65536)),
-    ("prefill-cold-i162k-c4", Cell("prefill-cold", 162 * 1024, 1, 4)),
-    ("ttft-i1k-c1", Cell("ttft", 1024)),
-    ("decode-i1k-o256-c8", Cell("decode", 1024, 256, 8)),
-    ("decode-i3000-o512-c12", Cell("decode", 3000, 512, 12)),
-    ("nll-i4k", Cell("nll", 4096)),
-    ("greedy-i2k-o256-c12", Cell("greedy", 2048, 256, 12)),
-])
+@pytest.mark.parametrize(
+    "cell_id, cell",
+    [
+        ("prefill-cold-i64k", Cell("prefill-cold", 65536)),
+        ("prefill-cold-i162k-c4", Cell("prefill-cold", 162 * 1024, 1, 4)),
+        ("ttft-i1k-c1", Cell("ttft", 1024)),
+        ("decode-i1k-o256-c8", Cell("decode", 1024, 256, 8)),
+        ("decode-i3000-o512-c12", Cell("decode", 3000, 512, 12)),
+        ("nll-i4k", Cell("nll", 4096)),
+        ("greedy-i2k-o256-c12", Cell("greedy", 2048, 256, 12)),
+    ],
+)
 def test_known_ids(cell_id, cell):
     assert parse_cell(cell_id) == cell
     assert format_cell(cell) == cell_id
 
 
-@pytest.mark.parametrize("bad", ["prefill-i64k", "decode-i1k-c8", "nll-i0", "decode-i1024-o256-c8",
-                                 "prefill-cold-i64k-c1", "ttft-i1k", "nll-i4k-c2", ""])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "prefill-i64k",
+        "decode-i1k-c8",
+        "nll-i0",
+        "decode-i1024-o256-c8",
+        "prefill-cold-i64k-c1",
+        "ttft-i1k",
+        "nll-i4k-c2",
+        "",
+    ],
+)
 def test_rejects_bad_or_non_canonical_ids(bad):
     with pytest.raises(ValueError):
         parse_cell(bad)

@@ -5,42 +5,54 @@ import time
 
 import pytest
 
-from deepinfer_harness.cellctx import CellContext
+from deepinfer_harness.analysis.run_summary import summarize_run
+from deepinfer_harness.analysis.validity import check_run
 from deepinfer_harness.cells import Cell
-from deepinfer_harness.client import completion_body, make_session, stream_completion
-from deepinfer_harness.looplag import LoopLagProbe
 from deepinfer_harness.plan import CellDef
+from deepinfer_harness.prometheus import parse_metrics
 from deepinfer_harness.prompts import TokenCorpus
-from deepinfer_harness.promtext import parse_metrics
 from deepinfer_harness.records import JsonlWriter, RequestRecord, read_records
-from deepinfer_harness.scenarios import RECIPES
-from deepinfer_harness.summarize import summarize_run
-from deepinfer_harness.validity import check_run
+from deepinfer_harness.run.cell import CellContext
+from deepinfer_harness.run.client import completion_body, make_session, stream_completion
+from deepinfer_harness.run.looplag import LoopLagProbe
+from deepinfer_harness.run.recipes import RECIPES
 
 # Cell tests check recipes, not the host: lag limits are loose except in the slow-client test,
 # which blocks the loop for 120 ms; test_event_loop_lag_at_c16_streaming checks the 5 ms budget.
-LIMITS = {"loop_lag_p99_ms": 50.0, "loop_lag_max_ms": 100.0, "first_request_factor": 3.0,
-          "inflight_fraction": 0.5}
+LIMITS = {
+    "loop_lag_p99_ms": 50.0,
+    "loop_lag_max_ms": 100.0,
+    "first_request_factor": 3.0,
+    "inflight_fraction": 0.5,
+}
 CORPUS = TokenCorpus(ids=list(range(1, 500)), canary_ids=[1], text_sha256="x")
 
 
 def new_rec(i=0, max_tokens=8, prompt_len=16):
-    return RequestRecord(cell_id="decode-i16-o8-c1", variant="A", rep=0, session=0, index=i,
-                         request_id=f"t-{i}", max_tokens=max_tokens, prompt_len=prompt_len)
+    return RequestRecord(
+        cell_id="decode-i16-o8-c1",
+        variant="A",
+        rep=0,
+        session=0,
+        index=i,
+        request_id=f"t-{i}",
+        max_tokens=max_tokens,
+        prompt_len=prompt_len,
+    )
 
 
 async def one(url, prompt, max_tokens, token_ids=True):
     async with make_session(4, 60) as http:
-        body = completion_body("fake", prompt, max_tokens, salt="s", request_id="t", stream=True,
-                               token_ids=token_ids)
+        body = completion_body(
+            "fake", prompt, max_tokens, salt="s", request_id="t", stream=True, token_ids=token_ids
+        )
         rec = new_rec(max_tokens=max_tokens, prompt_len=len(prompt))
         return await stream_completion(http, url, body, rec, want_ids=token_ids)
 
 
 def violations(rec, kind="greedy"):
     cell = Cell(kind, rec.prompt_len, rec.max_tokens if kind == "greedy" else 1)
-    return check_run(cell, [rec], [rec], {}, parse_metrics(""), parse_metrics(""), {}, LIMITS)[
-        "violations"]
+    return check_run(cell, [rec], [rec], {}, parse_metrics(""), parse_metrics(""), {}, LIMITS)["violations"]
 
 
 def test_several_tokens_per_chunk(fake):
@@ -89,10 +101,19 @@ def test_event_loop_lag_at_c16_streaming(fake):
 
     async def main():
         async with make_session(16, 60) as http, LoopLagProbe() as probe:
+
             async def stream(i):
-                body = completion_body("fake", list(range(64)), 200, salt=f"s{i}", request_id=f"r{i}",
-                                       stream=True, token_ids=True)
+                body = completion_body(
+                    "fake",
+                    list(range(64)),
+                    200,
+                    salt=f"s{i}",
+                    request_id=f"r{i}",
+                    stream=True,
+                    token_ids=True,
+                )
                 return await stream_completion(http, fake.url, body, new_rec(i, 200, 64), want_ids=True)
+
             recs = await asyncio.gather(*(stream(i) for i in range(16)))
         return recs, probe.summary()
 
@@ -109,7 +130,7 @@ def run_cell(fake, tmp_path, cell, n=3, blocker=None, **cdef_kw):
     async def main():
         async with make_session(cell.concurrency + 2, 60) as http:
             with JsonlWriter(path) as writer:
-                ctx = CellContext(http, fake.url, "fake", "t", "A", 0, 0, CORPUS, writer, cdef, False)
+                ctx = CellContext(http, fake.url, "fake", "t", "A", 0, 0, CORPUS, writer, cdef)
                 async with LoopLagProbe() as probe:
                     tasks = [asyncio.create_task(blocker())] if blocker else []
                     await RECIPES[cell.kind](ctx)
@@ -121,8 +142,9 @@ def run_cell(fake, tmp_path, cell, n=3, blocker=None, **cdef_kw):
     texts = ctx.facts.pop("metrics_text")
     facts = ctx.facts | {"violations": ctx.violations}
     records = read_records(path)
-    summary = summarize_run(records, facts, parse_metrics(texts["before"]), parse_metrics(texts["after"]),
-                            cell.id, LIMITS)
+    summary = summarize_run(
+        records, facts, parse_metrics(texts["before"]), parse_metrics(texts["after"]), cell.id, LIMITS
+    )
     return records, summary
 
 

@@ -4,7 +4,7 @@ import sys
 import pytest
 
 from deepinfer_harness.config import PROFILE_DIR, ConfigError, load_profile
-from deepinfer_harness.launch import build_launch
+from deepinfer_harness.run.launch import build_launch
 from deepinfer_harness.topology import legal_partitions, partition_error
 
 REAL = ["ga100x8-tp4pp2", "a100x8-tp8", "a800x16-tp8pp2"]
@@ -58,29 +58,66 @@ def test_docker_command_line_is_exact():
     expected = (
         "docker run --rm --name deepinfer-bench-run1-b2 --gpus all --ipc=host --network=host "
         "-v /models/v41:/models/v41:ro -e VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 -e VLLM_PP_LAYER_PARTITION=20,20 "
-        "-e VLLM_SERVER_DEV_MODE=1 --entrypoint python3 deepinfer-sm80:deepinfer "
-        "-m vllm.entrypoints.openai.api_server --model /models/v41 --host 127.0.0.1 --port 8000 "
+        "-e VLLM_SERVER_DEV_MODE=1 --entrypoint vllm deepinfer-sm80:deepinfer "
+        "serve --model /models/v41 --host 127.0.0.1 --port 8000 "
         "--max-model-len 1048576 --tensor-parallel-size 4 --pipeline-parallel-size 2 "
         "--kv-cache-dtype fp8_ds_mla "
-        "--speculative-config '{\"method\": \"dspark\", \"num_speculative_tokens\": 5}' "
+        '--speculative-config \'{"method": "dspark", "num_speculative_tokens": 5}\' '
         "--per-request-spec-decode-metrics summary --enable-prompt-tokens-details "
         "--enable-per-request-metrics --stream-interval 1 --max-logprobs 20 --logprobs-mode raw_logprobs "
-        "--gpu-memory-utilization 0.95 --max-num-seqs 12 --max-num-batched-tokens 8192 --trust-remote-code")
+        "--gpu-memory-utilization 0.95 --max-num-seqs 12 --max-num-batched-tokens 8192 --trust-remote-code"
+    )
     assert shlex.join(launch.argv) == expected
     assert launch.stop_argv == ["docker", "rm", "-f", "deepinfer-bench-run1-b2"]
-    assert build_launch(profile, "A", "/m", "r", 0).argv[launch.argv.index("--entrypoint") + 2] == \
-        "deepinfer-sm80:baseline"
+    assert build_launch(profile, "A", "/m", "r", 0).image == "deepinfer-sm80:baseline"
 
 
 def test_local_and_url_launches():
     smoke = load_profile("smoke")
     a = build_launch(smoke, "A", "/tiny", "r", 0)
-    assert a.argv[:3] == [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
+    assert a.argv[:4] == [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve"]
     assert a.nice == 10
     assert a.env["VLLM_CPU_KVCACHE_SPACE"] == "1" and a.base_url == "http://127.0.0.1:18100"
     assert a.serve_args[a.serve_args.index("--dtype") + 1] == "float32"
     multi = load_profile("a800x16-tp8pp2")
     assert "--distributed-executor-backend" in build_launch(multi, "A", "/m", "r", 0).argv
-    url = load_profile("a800x16-tp8pp2", ["server.mode=url", "server.urls={A: 'http://h:1/', B: 'http://h:2'}"])
+    url = load_profile(
+        "a800x16-tp8pp2", ["server.mode=url", "server.urls={A: 'http://h:1/', B: 'http://h:2'}"]
+    )
     assert build_launch(url, "A", "/m", "r", 0).base_url == "http://h:1"
     assert build_launch(url, "B", "/m", "r", 0).argv == []
+
+
+def test_only_profile_named_variables_reach_a_local_server(monkeypatch):
+    monkeypatch.setenv("VLLM_VERSION", "0.32.0")  # what a bare Makefile `export` used to leak
+    monkeypatch.setenv("SOME_MAKE_VAR", "x")
+    monkeypatch.setenv("HF_TOKEN", "secret")
+    monkeypatch.setenv("PATH", "/usr/bin")
+    smoke = load_profile("smoke", ["server.pass_env=[HF_TOKEN]"])
+    launch = build_launch(smoke, "A", "/tiny", "r", 0)
+    env = launch.process_env()
+    assert "VLLM_VERSION" not in env and "SOME_MAKE_VAR" not in env
+    assert env["PATH"] == "/usr/bin" and env["HF_TOKEN"] == "secret"
+    assert env["VLLM_CPU_KVCACHE_SPACE"] == "1" and env["VLLM_SERVER_DEV_MODE"] == "1"
+    assert launch.recorded_env()["HF_TOKEN"] == "<redacted>"
+
+
+def test_a_and_b_identity():
+    smoke = load_profile("smoke")
+    a, b = (build_launch(smoke, v, "/tiny", "r", 0) for v in ("A", "B"))
+    assert a.identity() == b.identity()  # same install, different port: an A/A
+    docker = load_profile("a100x8-tp8")
+    a, b = (build_launch(docker, v, "/m", "r", 0) for v in ("A", "B"))
+    assert a.identity() != b.identity()  # different images
+    multi = load_profile("a800x16-tp8pp2")
+    a, b = (build_launch(multi, v, "/m", "r", 0) for v in ("A", "B"))
+    assert a.identity() != b.identity() and a.argv[0] != b.argv[0]  # one install per arm
+
+
+def test_profile_rejects_inconsistent_servers():
+    with pytest.raises(ConfigError, match="must differ"):
+        load_profile("smoke", ["server.schedule=concurrent", "server.ports={A: 1, B: 1}"])
+    with pytest.raises(ConfigError, match="unknown arms"):
+        load_profile("smoke", ["server.commands={C: [x]}"])
+    with pytest.raises(ConfigError, match="repetitions"):
+        load_profile("smoke", ["ab.repetitions=0"])

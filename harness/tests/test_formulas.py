@@ -3,7 +3,7 @@ import math
 import numpy as np
 import pytest
 
-from deepinfer_harness.metrics import (
+from deepinfer_harness.analysis.metrics import (
     frontend_overhead_ms,
     gaps_ns,
     inflight_fraction,
@@ -13,18 +13,37 @@ from deepinfer_harness.metrics import (
     ttft_ns,
     window_counts,
 )
+from deepinfer_harness.analysis.run_summary import spec_decode
+from deepinfer_harness.analysis.stats import (
+    MIN_PAIRS,
+    RatioCI,
+    aa_noise,
+    bootstrap_ratio,
+    decide,
+    mde,
+    pairs_needed,
+    percentile,
+)
 from deepinfer_harness.records import RequestRecord
-from deepinfer_harness.stats import bootstrap_ratio, mark, mde, noise_floor, pairs_needed
-from deepinfer_harness.summarize import spec_decode
 
 MS = 1_000_000
 
 
 def rec(times_ms, ks, n, t_send_ms=0, t_end_ms=None, **kw):
-    return RequestRecord(cell_id="decode-i1k-o8-c1", variant="A", rep=0, session=0, index=0,
-                         t_send_ns=t_send_ms * MS, event_times_ns=[t * MS for t in times_ms],
-                         tokens_per_chunk=ks, output_tokens=n, max_tokens=n,
-                         t_end_ns=(t_end_ms if t_end_ms is not None else times_ms[-1]) * MS, **kw)
+    return RequestRecord(
+        cell_id="decode-i1k-o8-c1",
+        variant="A",
+        rep=0,
+        session=0,
+        index=0,
+        t_send_ns=t_send_ms * MS,
+        event_times_ns=[t * MS for t in times_ms],
+        tokens_per_chunk=ks,
+        output_tokens=n,
+        max_tokens=n,
+        t_end_ns=(t_end_ms if t_end_ms is not None else times_ms[-1]) * MS,
+        **kw,
+    )
 
 
 def test_per_request_formulas_by_hand():
@@ -63,10 +82,15 @@ def test_inflight_fraction():
 
 
 def test_spec_decode_from_counter_deltas():
-    d = {"vllm:spec_decode_num_drafts_total": 100.0, "vllm:spec_decode_num_draft_tokens_total": 500.0,
-         "vllm:spec_decode_num_accepted_tokens_total": 250.0,
-         **{f"vllm:spec_decode_num_accepted_tokens_per_pos_total{{position={i}}}": v
-            for i, v in enumerate([90.0, 70.0, 50.0, 30.0, 10.0])}}
+    d = {
+        "vllm:spec_decode_num_drafts_total": 100.0,
+        "vllm:spec_decode_num_draft_tokens_total": 500.0,
+        "vllm:spec_decode_num_accepted_tokens_total": 250.0,
+        **{
+            f"vllm:spec_decode_num_accepted_tokens_per_pos_total{{position={i}}}": v
+            for i, v in enumerate([90.0, 70.0, 50.0, 30.0, 10.0])
+        },
+    }
     s = spec_decode(d)
     assert s["spec_decode_acceptance_length"] == pytest.approx(3.5)
     assert s["spec_decode_acceptance_rate"] == pytest.approx(50.0)
@@ -88,27 +112,81 @@ def test_bootstrap_recovers_a_known_ratio():
     assert small.n_pairs == 5 and small.ci_low < small.ratio < small.ci_high
 
 
-def test_marks_and_power():
-    from deepinfer_harness.stats import RatioCI
+def test_marks_need_pairs_a_floor_and_a_ci_outside_it():
+    floor = aa_noise(np.array([0.005, -0.005, 0.004, -0.004]))
+    ok = {"comparable": True}
+    assert decide(RatioCI(0.8, 0.78, 0.82, 6), True, floor, **ok)[0] == "+"
+    assert decide(RatioCI(0.8, 0.78, 0.82, 6), False, floor, **ok)[0] == "-"
+    assert decide(RatioCI(0.99, 0.97, 1.01, 6), True, floor, **ok) == ("~", "95 % CI contains 1")
+    mark, why = decide(RatioCI(1.004, 1.003, 1.005, 6), True, floor, **ok)  # CI excludes 1, inside floor
+    assert mark == "~" and "A/A noise floor" in why
+    mark, why = decide(
+        RatioCI(0.8, 0.78, 0.82, 6), True, floor, comparable=True, problems="missing runs B.r1"
+    )
+    assert (mark, why) == ("!", "missing runs B.r1")  # a missing run is '!', not '?'
+    assert decide(RatioCI(0.8, 0.78, 0.82, 6), True, floor, comparable=False)[0] == "x"
+    mark, why = decide(RatioCI(0.8, None, None, 2), True, floor, **ok)
+    assert mark == "?" and f"< {MIN_PAIRS}" in why  # two pairs: no CI, no claim
+    assert decide(RatioCI(0.8, 0.78, 0.82, 6), True, None, **ok)[0] == "?"  # no A/A pair
+    mark, why = decide(RatioCI(0.8, 0.78, 0.82, 6), True, floor, comparable=True, aa_run=True)
+    assert mark == "~" and why.startswith("A/A run") and "drift" in why
 
-    assert mark(RatioCI(0.8, 0.78, 0.82, 6), True, 0.01, True, True) == "+"
-    assert mark(RatioCI(0.8, 0.78, 0.82, 6), False, 0.01, True, True) == "-"
-    assert mark(RatioCI(0.99, 0.97, 1.01, 6), True, 0.01, True, True) == "~"
-    assert mark(RatioCI(0.995, 0.994, 0.996, 6), True, 0.01, True, True) == "~"  # inside the A/A floor
-    assert mark(RatioCI(0.8, 0.78, 0.82, 6), True, 0.01, False, True) == "!"
-    assert mark(RatioCI(0.8, 0.78, 0.82, 6), True, 0.01, True, False) == "x"
-    assert mark(RatioCI(0.8, 0.78, 0.82, 2), True, 0.01, True, True) == "?"  # two pairs: no claim
-    assert noise_floor(RatioCI(1.0, math.exp(-0.02), math.exp(0.02), 4)) == pytest.approx(0.02)
-    assert pairs_needed(0.01, 0.02) == math.ceil((2.8 * 0.01 / math.log(1.02)) ** 2)
-    assert mde(np.array([0.01, -0.01, 0.02, -0.02]), 4) == pytest.approx(
-        math.expm1(2.8 * np.std([0.01, -0.01, 0.02, -0.02], ddof=1) / 2))
+
+def test_noise_floor_counts_the_aa_offset_not_only_its_spread():
+    # two A/A pairs, both 1.60x apart: the old floor (CI half-width) was ~0.01; the drift is 47 %
+    drift = aa_noise(np.log([1.6, 1.6]))
+    assert drift.offset == pytest.approx(math.log(1.6)) and drift.spread == pytest.approx(0.0)
+    assert drift.floor == pytest.approx(math.log(1.6)) and drift.floor_rel == pytest.approx(0.6)
+    assert drift.sigma == pytest.approx(math.log(1.6))  # RMS about 0: the offset is noise too
+    # a 1.5x "win" with a tight CI from 6 pairs stays inside that floor: not called better
+    assert decide(RatioCI(1.5, 1.45, 1.55, 6), True, drift, comparable=True)[0] == "~"
+    one = aa_noise(np.array([math.log(1.6)]))  # a single A/A pair: floor = |d|, spread unknown
+    assert one.n_pairs == 1 and one.spread is None and one.floor == pytest.approx(math.log(1.6))
+    # offset 0.01 and spread: floor = |mean| + t(0.975, n-1) * sd / sqrt(n), by hand
+    d = np.array([0.02, 0.0, 0.01, 0.01])
+    sd = np.std(d, ddof=1)
+    t3 = 3.182446305284263  # t(0.975, 3)
+    assert aa_noise(d).floor == pytest.approx(0.01 + t3 * sd / 2)
+    assert aa_noise(np.array([])) is None
+
+
+def test_mde_and_pairs_needed_from_the_aa_noise():
+    d = np.array([0.01, -0.01, 0.02, -0.02])
+    noise = aa_noise(d)
+    sigma = math.sqrt(np.mean(d**2))
+    assert noise.sigma == pytest.approx(sigma)
+    power = 2.8 * sigma / math.sqrt(16)
+    assert mde(noise, 16) == pytest.approx(math.expm1(max(noise.floor, power)))
+    assert mde(noise, 16) >= noise.floor_rel  # never below what the marks can call
+    assert pairs_needed(noise, 0.02) == max(MIN_PAIRS, math.ceil((2.8 * sigma / math.log(1.02)) ** 2))
+    drifting = aa_noise(np.log([1.03, 1.03, 1.031]))
+    assert pairs_needed(drifting, 0.02) is None  # an offset ≥ δ: more pairs cannot separate δ from drift
+    assert pairs_needed(noise, None) is None and mde(None, 4) is None
+    # the offset raises σ: same spread, shifted by 0.05
+    assert aa_noise(d + 0.05).sigma > noise.sigma
+
+
+def test_no_ci_below_the_minimum_of_pairs():
+    a, b = [100.0, 101.0, 99.0, 100.5], [90.0, 91.0, 89.0, 90.2]
+    few = bootstrap_ratio(a, b, 500, 0)
+    assert few.n_pairs == 4 and few.ci_low is None and few.ci_high is None and not few.has_ci
+    assert few.ratio == pytest.approx(math.exp(np.mean(np.log(np.array(b) / np.array(a)))))
+    enough = bootstrap_ratio([*a, 100.2], [*b, 90.1], 500, 0)
+    assert enough.n_pairs == 5 and enough.has_ci and enough.ci_low <= enough.ratio <= enough.ci_high
+
+
+def test_percentile_lives_in_stats():
+    assert percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.5 and math.isnan(percentile([], 50))
 
 
 def test_gpu_throttle_rule():
-    from deepinfer_harness.validity import gpu_violations
+    from deepinfer_harness.analysis.validity import gpu_violations
 
-    ok = {"clocks.sm": "1410 MHz", "clocks.applications.graphics": "1410 MHz",
-          "clocks_throttle_reasons.active": "0x0000000000000000"}
+    ok = {
+        "clocks.sm": "1410 MHz",
+        "clocks.applications.graphics": "1410 MHz",
+        "clocks_throttle_reasons.active": "0x0000000000000000",
+    }
     idle = ok | {"clocks.sm": "210 MHz", "clocks_throttle_reasons.active": "0x0000000000000001"}
     slow = ok | {"clocks.sm": "1200 MHz"}
     hot = ok | {"clocks_throttle_reasons.active": "0x0000000000000040"}
@@ -118,7 +196,7 @@ def test_gpu_throttle_rule():
 
 
 def test_two_level_bootstrap_for_percentiles():
-    from deepinfer_harness.stats import two_level_ratio
+    from deepinfer_harness.analysis.stats import two_level_ratio
 
     rng = np.random.default_rng(3)
     a = [list(rng.exponential(10.0, 400)) for _ in range(6)]

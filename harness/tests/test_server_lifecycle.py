@@ -1,14 +1,17 @@
-"""Server context manager with stand-in processes: fail-fast health wait, teardown on Ctrl-C."""
+"""The one server lifecycle (`serving`, the context manager production uses) with stand-in
+processes: fail-fast health wait with the log's cause, progress callbacks, liveness from the
+health endpoint, teardown on Ctrl-C."""
 
 import os
+import signal
 import socket
 import sys
 import time
 
 import pytest
 
-from deepinfer_harness.launch import Launch
-from deepinfer_harness.server import ServerDied, parse_log, running_server
+from deepinfer_harness.run.launch import Launch
+from deepinfer_harness.run.server import ServerDied, parse_log, serving
 
 FAKE = os.path.join(os.path.dirname(__file__), "fakeserver.py")
 
@@ -21,21 +24,35 @@ LOG = """(EngineCore pid=1) INFO [kv_cache_utils.py:2327] GPU KV cache size: 4,6
 
 def test_parse_startup_log():
     facts = parse_log(LOG)
-    assert facts["kv_cache"] == {"kv_cache_size_tokens": 4648480, "max_model_len": 1048576,
-                                 "kv_cache_max_concurrency": 4.43, "windows_1m": 4.433}
+    assert facts["kv_cache"] == {
+        "kv_cache_size_tokens": 4648480,
+        "max_model_len": 1048576,
+        "kv_cache_max_concurrency": 4.43,
+        "windows_1m": 4.433,
+    }
     assert facts["non_default_args"].startswith("{'model'")
     assert facts["engine_version"] == "v0.32.0"
     assert "dspark" in facts["speculative_config"]
     assert facts["attention_backend"] == "FLASHMLA_SPARSE"
 
 
-def test_health_wait_fails_fast_when_the_process_dies(tmp_path):
-    argv = [sys.executable, "-c", "print('boom'); raise SystemExit(3)"]
-    launch = Launch("A", "local", "http://127.0.0.1:9", argv)
-    with pytest.raises(ServerDied, match="exited with 3") as err, \
-            running_server(launch, tmp_path / "a.log", health_timeout_s=60):
+def test_health_wait_fails_fast_with_the_cause_from_the_log(tmp_path):
+    script = (
+        "import sys, time; print('INFO loading'); time.sleep(1.2); "
+        "print('OSError: /nonexistent/path does not appear to have a config.json'); "
+        "print('INFO shutting down'); sys.exit(3)"
+    )
+    launch = Launch("A", "local", "http://127.0.0.1:9", [sys.executable, "-c", script])
+    seen = []
+    t0 = time.monotonic()
+    with (
+        pytest.raises(ServerDied, match="exited with 3") as err,
+        serving([launch], lambda _l: tmp_path / "a.log", 60, lambda *a: seen.append(a)),
+    ):
         pass
-    assert "boom" in str(err.value)
+    assert time.monotonic() - t0 < 20
+    assert "config.json" in str(err.value) and "\n" not in str(err.value)  # one line, the real cause
+    assert seen and seen[0][0] is launch and isinstance(seen[0][1], float)  # progress while waiting
 
 
 def free_port():
@@ -52,13 +69,18 @@ def group_alive(pgid):
     return True
 
 
-def test_whole_group_is_killed_on_ctrl_c(tmp_path):
+def test_whole_group_is_killed_on_ctrl_c_and_liveness_uses_health(tmp_path):
     port = free_port()
-    launch = Launch("A", "local", f"http://127.0.0.1:{port}", [sys.executable, FAKE, str(port)],
-                    {"FAKE_SPAWN_CHILD": "1"})
-    with pytest.raises(KeyboardInterrupt), running_server(launch, tmp_path / "a.log", 60) as handle:
+    launch = Launch(
+        "A", "local", f"http://127.0.0.1:{port}", [sys.executable, FAKE, str(port)], {"FAKE_SPAWN_CHILD": "1"}
+    )
+    with pytest.raises(KeyboardInterrupt), serving([launch], lambda _l: tmp_path / "a.log", 60) as handles:
+        handle = handles["A"]
         pgid = handle.proc.pid
         assert handle.alive()
+        os.kill(pgid, signal.SIGSTOP)  # the process still exists but /health stops answering
+        assert not handle.exited() and not handle.alive()
+        os.kill(pgid, signal.SIGCONT)
         raise KeyboardInterrupt
     deadline = time.monotonic() + 10
     while group_alive(pgid) and time.monotonic() < deadline:  # orphans are reaped by init

@@ -3,10 +3,12 @@ import itertools
 from hypothesis import given
 from hypothesis import strategies as st
 
-from deepinfer_harness.sse import SSESplitter
+from deepinfer_harness.run.sse import SSESplitter
 
-STREAM = (b": keep-alive comment\n\ndata: {\"a\":1}\n\ndata:{\"b\":2}\r\n\r\n"
-          b"event: x\ndata: line1\ndata: line2\n\ndata: [DONE]\n\n")
+STREAM = (
+    b': keep-alive comment\n\ndata: {"a":1}\n\ndata:{"b":2}\r\n\r\n'
+    b"event: x\ndata: line1\ndata: line2\n\ndata: [DONE]\n\n"
+)
 EXPECTED = [b'{"a":1}', b'{"b":2}', b"line1\nline2", b"[DONE]"]
 
 
@@ -36,5 +38,5 @@ def test_final_event_without_blank_line():
 
 def test_huge_single_line_event_is_linear():
     payload = b"[" + b",".join(b"123456" for _ in range(700_000)) + b"]"  # ~5 MB, one line
-    chunks = [b"data: "] + [payload[i:i + 65536] for i in range(0, len(payload), 65536)] + [b"\n\n"]
+    chunks = [b"data: "] + [payload[i : i + 65536] for i in range(0, len(payload), 65536)] + [b"\n\n"]
     assert split_all(chunks) == [payload]

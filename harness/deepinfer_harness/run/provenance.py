@@ -17,15 +17,17 @@ from typing import Any
 
 import aiohttp
 
-from deepinfer_harness.client import get_json, get_text
+from deepinfer_harness.prometheus import parse_metrics
 from deepinfer_harness.prompts import CANARY, TokenCorpus, corpus_text, text_sha256
-from deepinfer_harness.promtext import parse_metrics
-from deepinfer_harness.server import ServerHandle
+from deepinfer_harness.run.client import get_json, get_text
+from deepinfer_harness.run.server import ServerHandle
 
 ENV_PREFIXES = ("VLLM_", "CUDA_", "NCCL_", "TORCH_", "TRITON_", "PYTORCH_")
-GPU_FIELDS = ("name,driver_version,vbios_version,persistence_mode,ecc.mode.current,mig.mode.current,"
-              "clocks.sm,clocks.applications.graphics,power.limit,temperature.gpu,"
-              "clocks_throttle_reasons.active")
+GPU_FIELDS = (
+    "name,driver_version,vbios_version,persistence_mode,ecc.mode.current,mig.mode.current,"
+    "clocks.sm,clocks.applications.graphics,power.limit,temperature.gpu,"
+    "clocks_throttle_reasons.active"
+)
 VOLATILE_CONFIG = {"instance_id"}  # random per start; everything else in vllm_config must match
 PIP_KEEP = ("vllm", "torch", "triton", "nvidia-nccl", "flashinfer", "tilelang", "deepinfer")
 
@@ -34,11 +36,18 @@ def gpu_facts() -> list[dict[str, str]]:
     """One dict per GPU from nvidia-smi, or [] where there is none (field names [unverified])."""
     if not shutil.which("nvidia-smi"):
         return []
-    res = subprocess.run(["nvidia-smi", f"--query-gpu={GPU_FIELDS}", "--format=csv,noheader"],
-                         capture_output=True, text=True, check=False)
+    res = subprocess.run(
+        ["nvidia-smi", f"--query-gpu={GPU_FIELDS}", "--format=csv,noheader"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     keys = GPU_FIELDS.split(",")
-    return [dict(zip(keys, (v.strip() for v in line.split(",")), strict=False))
-            for line in res.stdout.splitlines() if line.strip()]
+    return [
+        dict(zip(keys, (v.strip() for v in line.split(",")), strict=False))
+        for line in res.stdout.splitlines()
+        if line.strip()
+    ]
 
 
 def image_facts(image: str) -> dict[str, Any]:
@@ -49,10 +58,13 @@ def image_facts(image: str) -> dict[str, Any]:
         return {}
     info = json.loads(res.stdout)[0]
     labels = (info.get("Config") or {}).get("Labels") or {}
-    return {"image_digest": (info.get("RepoDigests") or [info.get("Id")])[0], "image_labels": labels,
-            "patches": labels.get("ai.deepinfer.patches"),
-            "patches_sha256": labels.get("ai.deepinfer.patches-sha256"),
-            "image_revision": labels.get("org.opencontainers.image.revision")}
+    return {
+        "image_digest": (info.get("RepoDigests") or [info.get("Id")])[0],
+        "image_labels": labels,
+        "patches": labels.get("ai.deepinfer.patches"),
+        "patches_sha256": labels.get("ai.deepinfer.patches-sha256"),
+        "image_revision": labels.get("org.opencontainers.image.revision"),
+    }
 
 
 def client_env() -> dict[str, str]:
@@ -74,8 +86,9 @@ async def collect_variant(http: aiohttp.ClientSession, handle: ServerHandle, mod
         facts["nvidia_driver_version"] = env.get("nvidia_driver_version")
         pip = str(env.get("pip_packages") or "")
         facts["pip_packages"] = [ln for ln in pip.splitlines() if ln.lower().startswith(PIP_KEEP)]
-        facts["server_env"] = {k: v for k, v in sorted((info.get("vllm_env") or {}).items())
-                               if k.startswith(ENV_PREFIXES)}
+        facts["server_env"] = {
+            k: v for k, v in sorted((info.get("vllm_env") or {}).items()) if k.startswith(ENV_PREFIXES)
+        }
     except (aiohttp.ClientError, OSError, ValueError):
         facts["server_info_sha256"] = None  # dev mode off: recorded as unknown
     try:
@@ -84,9 +97,8 @@ async def collect_variant(http: aiohttp.ClientSession, handle: ServerHandle, mod
     except (aiohttp.ClientError, OSError):
         facts["cache_config_info"] = {}
     facts["gpus"] = gpu_facts()
-    if handle.launch.kind == "docker":
-        image = handle.launch.argv[handle.launch.argv.index("--entrypoint") + 2]
-        facts |= image_facts(image)
+    if handle.launch.image:
+        facts |= image_facts(handle.launch.image)
     return facts
 
 
@@ -101,10 +113,12 @@ async def ensure_corpus(http: aiohttp.ClientSession, base_url: str, model: str, 
     if path.exists():
         corpus = TokenCorpus.load(path)
         if corpus.canary_ids != canary:
-            raise RuntimeError(f"tokenizer drift: canary ids {canary[:8]}… != "
-                               f"stored {corpus.canary_ids[:8]}…")
+            raise RuntimeError(
+                f"tokenizer drift: canary ids {canary[:8]}… != stored {corpus.canary_ids[:8]}…"
+            )
         return corpus
-    corpus = TokenCorpus(ids=await tokenize(http, base_url, model, corpus_text()), canary_ids=canary,
-                         text_sha256=text_sha256())
+    corpus = TokenCorpus(
+        ids=await tokenize(http, base_url, model, corpus_text()), canary_ids=canary, text_sha256=text_sha256()
+    )
     corpus.save(path)
     return corpus

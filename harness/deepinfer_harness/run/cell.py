@@ -14,13 +14,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
-from tqdm import tqdm
 
-from deepinfer_harness.client import completion_body, get_json, get_text, stream_completion
+from deepinfer_harness.layout import RunKey
 from deepinfer_harness.plan import CellDef
+from deepinfer_harness.prometheus import Snapshot, parse_metrics
 from deepinfer_harness.prompts import TokenCorpus, sha256_ids
-from deepinfer_harness.promtext import Snapshot, parse_metrics
 from deepinfer_harness.records import JsonlWriter, RequestRecord
+from deepinfer_harness.run.client import completion_body, get_json, get_text, stream_completion
+from deepinfer_harness.run.progress import NullBar, Progress
 
 WARMUP_INDEX_BASE = 100_000  # warmup prompts never coincide with measured ones
 
@@ -37,25 +38,49 @@ class CellContext:
     corpus: TokenCorpus
     writer: JsonlWriter
     cdef: CellDef
-    progress: bool = True
+    progress: Progress = field(default_factory=lambda: Progress(enabled=False))
     reset_prefix_cache: bool = False
     facts: dict[str, Any] = field(default_factory=dict)  # cell-level facts for <variant>.r<k>.cell.json
     violations: list[str] = field(default_factory=list)
 
-    def new_record(self, index: int, phase: str, worker: int, prompt: list[int],
-                   max_tokens: int) -> RequestRecord:
+    @property
+    def key(self) -> RunKey:
+        return RunKey(self.cdef.id, self.variant, self.rep)
+
+    def new_record(
+        self, index: int, phase: str, worker: int, prompt: list[int], max_tokens: int
+    ) -> RequestRecord:
         tag = f"w{index}" if phase == "warmup" else str(index)
         request_id = f"{self.run_id}-{self.cdef.id}-{self.variant}-r{self.rep}-s{self.session}-{tag}"
         salt = hashlib.sha256(request_id.encode()).hexdigest()[:32]
-        return RequestRecord(cell_id=self.cdef.id, variant=self.variant, rep=self.rep, session=self.session,
-                             index=index, worker=worker, phase=phase, request_id=request_id, cache_salt=salt,
-                             prompt_sha256=sha256_ids(prompt), prompt_len=len(prompt), max_tokens=max_tokens)
+        return RequestRecord(
+            cell_id=self.cdef.id,
+            variant=self.variant,
+            rep=self.rep,
+            session=self.session,
+            index=index,
+            worker=worker,
+            phase=phase,
+            request_id=request_id,
+            cache_salt=salt,
+            prompt_sha256=sha256_ids(prompt),
+            prompt_len=len(prompt),
+            max_tokens=max_tokens,
+        )
 
-    async def stream(self, index: int, phase: str, worker: int, prompt: list[int], max_tokens: int,
-                     token_ids: bool) -> RequestRecord:
+    async def stream(
+        self, index: int, phase: str, worker: int, prompt: list[int], max_tokens: int, token_ids: bool
+    ) -> RequestRecord:
         rec = self.new_record(index, phase, worker, prompt, max_tokens)
-        body = completion_body(self.model, prompt, max_tokens, salt=rec.cache_salt,
-                               request_id=rec.request_id, stream=True, token_ids=token_ids)
+        body = completion_body(
+            self.model,
+            prompt,
+            max_tokens,
+            salt=rec.cache_salt,
+            request_id=rec.request_id,
+            stream=True,
+            token_ids=token_ids,
+        )
         await stream_completion(self.http, self.base_url, body, rec, want_ids=token_ids)
         self.writer.write(rec)
         return rec
@@ -88,13 +113,16 @@ class CellContext:
             if ok is not True:
                 self.violations.append(f"idle gate: /reset_prefix_cache answered {ok}")
 
-    def bar(self, total: int | None, unit: str = "req") -> tqdm:
-        return tqdm(total=total, unit=unit, leave=False, disable=not self.progress,
-                    desc=f"{self.variant}.r{self.rep} {self.cdef.id}")
+    def bar(self, total: float | None, unit: str = "req") -> Any:
+        bar: Any = self.progress.bar(total, unit, f"{self.variant}.r{self.rep} {self.cdef.id}")
+        return bar if bar is not None else NullBar()
 
 
-async def closed_loop(jobs: list[Callable[[int], Awaitable[RequestRecord]]], concurrency: int,
-                      on_done: Callable[[RequestRecord], None] | None = None) -> list[RequestRecord]:
+async def closed_loop(
+    jobs: list[Callable[[int], Awaitable[RequestRecord]]],
+    concurrency: int,
+    on_done: Callable[[RequestRecord], None] | None = None,
+) -> list[RequestRecord]:
     """Run jobs with at most `concurrency` in flight; each worker sends its next job at once."""
     queue: asyncio.Queue = asyncio.Queue()
     for job in jobs:
@@ -112,5 +140,7 @@ async def closed_loop(jobs: list[Callable[[int], Awaitable[RequestRecord]]], con
             if on_done:
                 on_done(rec)
 
-    await asyncio.gather(*(worker(w) for w in range(concurrency)))
+    async with asyncio.TaskGroup() as group:  # Ctrl-C or one failure cancels every worker
+        for w in range(concurrency):
+            group.create_task(worker(w))
     return results

@@ -40,7 +40,7 @@ class SSESplitter:
                 self._scan = max(0, len(self._buf) - 3)
                 return out
             block = bytes(self._buf[:cut])
-            del self._buf[:cut + sep_len]
+            del self._buf[: cut + sep_len]
             self._scan = 0
             payload = _payload(block)
             if payload is not None:

@@ -10,18 +10,9 @@ import asyncio
 import contextlib
 import time
 
+from deepinfer_harness.analysis.stats import percentile
+
 PERIOD_NS = 5_000_000
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Linear-interpolated percentile, q in [0, 100]; NaN for an empty list."""
-    if not values:
-        return float("nan")
-    s = sorted(values)
-    pos = (len(s) - 1) * q / 100
-    lo = int(pos)
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
 
 
 class LoopLagProbe:
@@ -47,5 +38,8 @@ class LoopLagProbe:
 
     def summary(self) -> dict[str, float]:
         ms = [x / 1e6 for x in self.lags_ns]
-        return {"loop_lag_p99_ms": percentile(ms, 99), "loop_lag_max_ms": max(ms, default=float("nan")),
-                "loop_lag_samples": len(ms)}
+        return {
+            "loop_lag_p99_ms": percentile(ms, 99),
+            "loop_lag_max_ms": max(ms, default=float("nan")),
+            "loop_lag_samples": len(ms),
+        }

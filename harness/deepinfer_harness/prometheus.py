@@ -62,8 +62,9 @@ def delta(before: Snapshot, after: Snapshot) -> dict[str, float]:
     return {k: after.values[k] - v for k, v in before.values.items() if k in after.values}
 
 
-def restart_evidence(before: Snapshot, after: Snapshot, counter_suffixes: tuple[str, ...] = (
-        "_total", "_count", "_sum")) -> list[str]:
+def restart_evidence(
+    before: Snapshot, after: Snapshot, counter_suffixes: tuple[str, ...] = ("_total", "_count", "_sum")
+) -> list[str]:
     evidence = []
     for key, value in before.created.items():
         if key in after.created and after.created[key] != value:

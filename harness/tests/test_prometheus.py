@@ -1,4 +1,4 @@
-from deepinfer_harness.promtext import delta, parse_metrics, restart_evidence
+from deepinfer_harness.prometheus import delta, parse_metrics, restart_evidence
 
 TEXT = """# TYPE vllm:prompt_tokens counter
 vllm:prompt_tokens_total{engine="0",model_name="m"} 100.0

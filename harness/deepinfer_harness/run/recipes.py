@@ -11,9 +11,9 @@ import asyncio
 import contextlib
 import time
 
-from deepinfer_harness.cellctx import WARMUP_INDEX_BASE, CellContext, closed_loop
-from deepinfer_harness.client import completion_body, prompt_logprobs
 from deepinfer_harness.records import RequestRecord
+from deepinfer_harness.run.cell import WARMUP_INDEX_BASE, CellContext, closed_loop
+from deepinfer_harness.run.client import completion_body, prompt_logprobs
 
 NLL_TOP_K = 1
 DECODE_EXTENSION_FACTOR = 3  # the window may grow to 3× window_s to reach min_steps
@@ -22,14 +22,19 @@ DECODE_EXTENSION_FACTOR = 3  # the window may grow to 3× window_s to reach min_
 async def run_prefill(ctx: CellContext) -> None:
     """prefill-cold and ttft cells: warmup at the same ISL, scrape, n requests, scrape."""
     cell, cdef = ctx.cdef.cell, ctx.cdef
-    warm = [lambda w, i=i: ctx.stream(WARMUP_INDEX_BASE + i, "warmup", w,
-                                      ctx.corpus.prompt(cell.isl, WARMUP_INDEX_BASE + i), 1, False)
-            for i in range(cdef.warmup * cell.concurrency)]
+    warm = [
+        lambda w, i=i: ctx.stream(
+            WARMUP_INDEX_BASE + i, "warmup", w, ctx.corpus.prompt(cell.isl, WARMUP_INDEX_BASE + i), 1, False
+        )
+        for i in range(cdef.warmup * cell.concurrency)
+    ]
     await closed_loop(warm, cell.concurrency)
     await ctx.scrape("before")
     with ctx.bar(cdef.n) as bar:
-        jobs = [lambda w, i=i: ctx.stream(i, "measure", w, ctx.corpus.prompt(cell.isl, i), 1, False)
-                for i in range(cdef.n)]
+        jobs = [
+            lambda w, i=i: ctx.stream(i, "measure", w, ctx.corpus.prompt(cell.isl, i), 1, False)
+            for i in range(cdef.n)
+        ]
         await closed_loop(jobs, cell.concurrency, on_done=lambda _r: bar.update())
     await ctx.scrape("after")
 
@@ -38,8 +43,10 @@ async def run_greedy(ctx: CellContext) -> None:
     cell, cdef = ctx.cdef.cell, ctx.cdef
     await ctx.scrape("before")
     with ctx.bar(cdef.n) as bar:
-        jobs = [lambda w, i=i: ctx.stream(i, "measure", w, ctx.corpus.prompt(cell.isl, i), cell.osl, True)
-                for i in range(cdef.n)]
+        jobs = [
+            lambda w, i=i: ctx.stream(i, "measure", w, ctx.corpus.prompt(cell.isl, i), cell.osl, True)
+            for i in range(cdef.n)
+        ]
         await closed_loop(jobs, cell.concurrency, on_done=lambda _r: bar.update())
     await ctx.scrape("after")
 
@@ -50,8 +57,16 @@ async def run_nll(ctx: CellContext) -> None:
     async def score(index: int, phase: str) -> None:
         prompt = ctx.corpus.prompt(cell.isl, index)
         rec = ctx.new_record(index, phase, 0, prompt, 1)
-        body = completion_body(ctx.model, prompt, 1, salt=rec.cache_salt, request_id=rec.request_id,
-                               stream=False, token_ids=False, prompt_logprobs=NLL_TOP_K)
+        body = completion_body(
+            ctx.model,
+            prompt,
+            1,
+            salt=rec.cache_salt,
+            request_id=rec.request_id,
+            stream=False,
+            token_ids=False,
+            prompt_logprobs=NLL_TOP_K,
+        )
         await prompt_logprobs(ctx.http, ctx.base_url, body, rec)
         ctx.writer.write(rec)
 
@@ -111,29 +126,36 @@ async def run_decode(ctx: CellContext) -> None:
                 state.all_warm.set()
             j += 1
 
-    workers = [asyncio.create_task(worker(w)) for w in range(c)]
-    with ctx.bar(None, "s") as bar:
-        await state.all_warm.wait()
-        remaining_s = cdef.warmup_s - (time.perf_counter_ns() - t_start) / 1e9
-        if remaining_s > 0 and not state.stop.is_set():
-            await wait_event(state.stop, remaining_s)
-        await ctx.scrape("before")
-        state.t_open_ns = time.perf_counter_ns()
-        deadline_ns = state.t_open_ns + int(cdef.window_s * DECODE_EXTENSION_FACTOR * 1e9)
-        window_end_ns = state.t_open_ns + int(cdef.window_s * 1e9)
-        while not state.stop.is_set():
-            now = time.perf_counter_ns()
-            if now >= deadline_ns or (now >= window_end_ns and state.window_events >= cdef.min_steps):
-                break
-            await wait_event(state.stop, 0.25)
-            bar.update(0.25)
-        t_close_ns = time.perf_counter_ns()
-        state.stop.set()
-        await ctx.scrape("after")
-    await asyncio.gather(*workers)
-    ctx.facts["window"] = {"t_open_ns": state.t_open_ns, "t_close_ns": t_close_ns,
-                           "t_start_ns": t_start}
+    t_close_ns = 0
+    # the group cancels every worker on Ctrl-C or on an error, so no request outlives the cell
+    async with asyncio.TaskGroup() as group:
+        for w in range(c):
+            group.create_task(worker(w))
+        with ctx.bar(cdef.window_s, "s") as bar:
+            await state.all_warm.wait()
+            remaining_s = cdef.warmup_s - (time.perf_counter_ns() - t_start) / 1e9
+            if remaining_s > 0 and not state.stop.is_set():
+                await wait_event(state.stop, remaining_s)
+            await ctx.scrape("before")
+            state.t_open_ns = time.perf_counter_ns()
+            deadline_ns = state.t_open_ns + int(cdef.window_s * DECODE_EXTENSION_FACTOR * 1e9)
+            window_end_ns = state.t_open_ns + int(cdef.window_s * 1e9)
+            while not state.stop.is_set():
+                now = time.perf_counter_ns()
+                if now >= deadline_ns or (now >= window_end_ns and state.window_events >= cdef.min_steps):
+                    break
+                await wait_event(state.stop, 0.25)
+                bar.update(0.25)
+            t_close_ns = time.perf_counter_ns()
+            state.stop.set()
+            await ctx.scrape("after")
+    ctx.facts["window"] = {"t_open_ns": state.t_open_ns, "t_close_ns": t_close_ns, "t_start_ns": t_start}
 
 
-RECIPES = {"prefill-cold": run_prefill, "ttft": run_prefill, "decode": run_decode, "nll": run_nll,
-           "greedy": run_greedy}
+RECIPES = {
+    "prefill-cold": run_prefill,
+    "ttft": run_prefill,
+    "decode": run_decode,
+    "nll": run_nll,
+    "greedy": run_greedy,
+}

@@ -15,7 +15,7 @@ from typing import Any
 import aiohttp
 
 from deepinfer_harness.records import RequestRecord
-from deepinfer_harness.sse import SSESplitter
+from deepinfer_harness.run.sse import SSESplitter
 
 READ_BUFSIZE = 16 * 1024 * 1024
 _DONE = b"[DONE]"
@@ -27,13 +27,31 @@ def make_session(concurrency: int, read_timeout_s: float) -> aiohttp.ClientSessi
     return aiohttp.ClientSession(timeout=timeout, connector=connector, read_bufsize=READ_BUFSIZE)
 
 
-def completion_body(model: str, prompt: list[int], max_tokens: int, *, salt: str, request_id: str,
-                    stream: bool, token_ids: bool, prompt_logprobs: int | None = None,
-                    seed: int = 0) -> dict[str, Any]:
+def completion_body(
+    model: str,
+    prompt: list[int],
+    max_tokens: int,
+    *,
+    salt: str,
+    request_id: str,
+    stream: bool,
+    token_ids: bool,
+    prompt_logprobs: int | None = None,
+    seed: int = 0,
+) -> dict[str, Any]:
     body: dict[str, Any] = {
-        "model": model, "prompt": prompt, "max_tokens": max_tokens, "min_tokens": max_tokens,
-        "ignore_eos": True, "temperature": 0.0, "top_p": 1.0, "top_k": -1, "seed": seed,
-        "cache_salt": salt, "request_id": request_id, "stream": stream,
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "min_tokens": max_tokens,
+        "ignore_eos": True,
+        "temperature": 0.0,
+        "top_p": 1.0,
+        "top_k": -1,
+        "seed": seed,
+        "cache_salt": salt,
+        "request_id": request_id,
+        "stream": stream,
     }
     if stream:
         body["stream_options"] = {"include_usage": True}
@@ -78,8 +96,13 @@ def _finalize(rec: RequestRecord) -> None:
         rec.error = "no content event"
 
 
-async def stream_completion(session: aiohttp.ClientSession, base_url: str, body: dict[str, Any],
-                            rec: RequestRecord, want_ids: bool = False) -> RequestRecord:
+async def stream_completion(
+    session: aiohttp.ClientSession,
+    base_url: str,
+    body: dict[str, Any],
+    rec: RequestRecord,
+    want_ids: bool = False,
+) -> RequestRecord:
     """POST a streaming completion; fills timing and usage on `rec` (errors included) and returns it."""
     payload = json.dumps(body, separators=(",", ":")).encode()
     headers = {"Content-Type": "application/json", "X-Request-Id": rec.request_id}
@@ -133,8 +156,9 @@ def _score_prompt_logprobs(prompt: list[int], entries: list[Any] | None) -> dict
     return {"n": len(entries or []), "lp": lp, "top1": top1, "rank": rank}
 
 
-async def prompt_logprobs(session: aiohttp.ClientSession, base_url: str, body: dict[str, Any],
-                          rec: RequestRecord) -> RequestRecord:
+async def prompt_logprobs(
+    session: aiohttp.ClientSession, base_url: str, body: dict[str, Any], rec: RequestRecord
+) -> RequestRecord:
     """Non-streaming prompt-logprob request; stores the scored positions on `rec.prompt_logprobs`."""
     payload = json.dumps(body, separators=(",", ":")).encode()
     headers = {"Content-Type": "application/json", "X-Request-Id": rec.request_id}
@@ -163,8 +187,9 @@ async def prompt_logprobs(session: aiohttp.ClientSession, base_url: str, body: d
     return rec
 
 
-async def get_json(session: aiohttp.ClientSession, url: str, method: str = "GET",
-                   body: dict[str, Any] | None = None) -> Any:
+async def get_json(
+    session: aiohttp.ClientSession, url: str, method: str = "GET", body: dict[str, Any] | None = None
+) -> Any:
     async with session.request(method, url, json=body) as resp:
         resp.raise_for_status()
         return await resp.json(content_type=None)

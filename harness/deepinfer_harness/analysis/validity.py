@@ -12,9 +12,9 @@ import math
 import statistics
 from typing import Any
 
+from deepinfer_harness.analysis.metrics import ttft_ns
 from deepinfer_harness.cells import Cell
-from deepinfer_harness.metrics import ttft_ns
-from deepinfer_harness.promtext import Snapshot, delta, restart_evidence
+from deepinfer_harness.prometheus import Snapshot, delta, restart_evidence
 from deepinfer_harness.records import RequestRecord
 
 PLP_FLOOR = -9999.0  # vLLM clamps -inf prompt logprobs to this value
@@ -31,8 +31,9 @@ def _request_violations(cell: Cell, records: list[RequestRecord]) -> list[str]:
         if r.finish_reason != "length":
             out.append(f"{tag}: finish_reason={r.finish_reason}")
         if r.output_tokens != r.max_tokens:
-            out.append(f"{tag}: completion_tokens={r.output_tokens} != max_tokens={r.max_tokens} "
-                       "(silent clamp?)")
+            out.append(
+                f"{tag}: completion_tokens={r.output_tokens} != max_tokens={r.max_tokens} (silent clamp?)"
+            )
         if r.prompt_tokens != r.prompt_len:
             out.append(f"{tag}: prompt_tokens={r.prompt_tokens} != ISL {r.prompt_len}")
         ks = [k for k in r.tokens_per_chunk if k is not None]
@@ -106,9 +107,16 @@ def gpu_violations(samples: list[list[dict[str, str]]]) -> list[str]:
     return out
 
 
-def check_run(cell: Cell, records: list[RequestRecord], measured: list[RequestRecord], facts: dict[str, Any],
-              before: Snapshot, after: Snapshot, summary: dict[str, Any],
-              limits: dict[str, float]) -> dict[str, Any]:
+def check_run(
+    cell: Cell,
+    records: list[RequestRecord],
+    measured: list[RequestRecord],
+    facts: dict[str, Any],
+    before: Snapshot,
+    after: Snapshot,
+    summary: dict[str, Any],
+    limits: dict[str, float],
+) -> dict[str, Any]:
     violations = list(facts.get("violations", []))
     not_checked = ["gpu clocks/throttle (no nvidia-smi samples)"] if not facts.get("gpus") else []
     not_checked.append("A vs B mean SM clock within 1 % (needs both arms; not evaluated)")
@@ -129,15 +137,19 @@ def check_run(cell: Cell, records: list[RequestRecord], measured: list[RequestRe
     if cell.kind in ("prefill-cold", "ttft"):
         ttfts = [t for r in measured if r.ok and (t := ttft_ns(r)) is not None]
         if len(ttfts) >= 3 and ttfts[0] > limits["first_request_factor"] * statistics.median(ttfts):
-            violations.append(f"first measured TTFT {ttfts[0] / 1e6:.1f} ms > "
-                              f"{limits['first_request_factor']}× median (leftover JIT?)")
+            violations.append(
+                f"first measured TTFT {ttfts[0] / 1e6:.1f} ms > "
+                f"{limits['first_request_factor']}× median (leftover JIT?)"
+            )
     if cell.kind == "decode":
         share = summary.get("inflight_fraction")
         if share is None:
             violations.append("decode window never opened")
         elif share < limits["inflight_fraction"]:
-            violations.append(f"in-flight = C for {100 * share:.0f}% of the window < "
-                              f"{100 * limits['inflight_fraction']:.0f}%")
+            violations.append(
+                f"in-flight = C for {100 * share:.0f}% of the window < "
+                f"{100 * limits['inflight_fraction']:.0f}%"
+            )
         steps, wanted = summary.get("window_request_steps", 0), facts.get("min_steps", 0)
         if share is not None and steps < wanted:
             violations.append(f"decode window has {steps} request-steps < {wanted}")

@@ -6,17 +6,13 @@ violated rule, so an invalid run is reported (mark `!`), never dropped.
 
 from __future__ import annotations
 
-import gzip
 import itertools
 import math
 import statistics
-from pathlib import Path
 from typing import Any
 
 from deepinfer_harness import SCHEMA_VERSION
-from deepinfer_harness.cells import parse_cell
-from deepinfer_harness.layout import RunLayout, read_json
-from deepinfer_harness.metrics import (
+from deepinfer_harness.analysis.metrics import (
     describe_ms,
     e2el_ns,
     frontend_overhead_ms,
@@ -29,9 +25,12 @@ from deepinfer_harness.metrics import (
     ttft_ns,
     window_counts,
 )
-from deepinfer_harness.promtext import Snapshot, delta, parse_metrics
-from deepinfer_harness.records import RequestRecord, read_records
-from deepinfer_harness.validity import check_run
+from deepinfer_harness.analysis.reader import RunReader
+from deepinfer_harness.analysis.validity import check_run
+from deepinfer_harness.cells import parse_cell
+from deepinfer_harness.layout import RunKey
+from deepinfer_harness.prometheus import Snapshot, delta
+from deepinfer_harness.records import RequestRecord
 
 SPEC = "vllm:spec_decode_"
 
@@ -42,17 +41,23 @@ def spec_decode(d: dict[str, float]) -> dict[str, Any]:
         return {}
     accepted = d.get(SPEC + "num_accepted_tokens_total", 0.0)
     draft_tokens = d.get(SPEC + "num_draft_tokens_total", 0.0)
-    per_pos = sorted((int(k.split("position=")[1].rstrip("}")), v) for k, v in d.items()
-                     if k.startswith(SPEC + "num_accepted_tokens_per_pos_total{"))
+    per_pos = sorted(
+        (int(k.split("position=")[1].rstrip("}")), v)
+        for k, v in d.items()
+        if k.startswith(SPEC + "num_accepted_tokens_per_pos_total{")
+    )
     p = [v / drafts for _, v in per_pos]
     q = [p[0], *[(b / a if a else float("nan")) for a, b in itertools.pairwise(p)]] if p else []
     positions = {f"spec_decode_accept_p{i}": v for i, v in enumerate(p)}  # scalar per position: A/B-able
-    return positions | {"spec_decode_num_drafts": drafts, "spec_decode_draft_tokens": draft_tokens,
-            "spec_decode_accepted_tokens": accepted,
-            "spec_decode_acceptance_rate": 100 * accepted / draft_tokens if draft_tokens else None,
-            "spec_decode_acceptance_length": 1 + accepted / drafts,
-            "spec_decode_per_position_acceptance_rates": p,
-            "spec_decode_conditional_acceptance_rates": q}
+    return positions | {
+        "spec_decode_num_drafts": drafts,
+        "spec_decode_draft_tokens": draft_tokens,
+        "spec_decode_accepted_tokens": accepted,
+        "spec_decode_acceptance_rate": 100 * accepted / draft_tokens if draft_tokens else None,
+        "spec_decode_acceptance_length": 1 + accepted / drafts,
+        "spec_decode_per_position_acceptance_rates": p,
+        "spec_decode_conditional_acceptance_rates": q,
+    }
 
 
 def _throughput(measured: list[RequestRecord]) -> dict[str, Any]:
@@ -73,11 +78,18 @@ def _throughput(measured: list[RequestRecord]) -> dict[str, Any]:
     for _, step in edges:
         level += step
         peak = max(peak, level)
-    return {"duration": duration, "completed": len(ok), "failed": len(measured) - len(ok),
-            "total_input_tokens": inp, "total_output_tokens": out,
-            "request_throughput": len(ok) / duration, "output_throughput": out / duration,
-            "total_token_throughput": (inp + out) / duration,
-            "max_output_tokens_per_s": max(per_second.values(), default=0), "max_concurrent_requests": peak}
+    return {
+        "duration": duration,
+        "completed": len(ok),
+        "failed": len(measured) - len(ok),
+        "total_input_tokens": inp,
+        "total_output_tokens": out,
+        "request_throughput": len(ok) / duration,
+        "output_throughput": out / duration,
+        "total_token_throughput": (inp + out) / duration,
+        "max_output_tokens_per_s": max(per_second.values(), default=0),
+        "max_concurrent_requests": peak,
+    }
 
 
 def _latency(ok: list[RequestRecord]) -> dict[str, Any]:
@@ -89,8 +101,11 @@ def _latency(ok: list[RequestRecord]) -> dict[str, Any]:
     per_token = describe_ms("itl_per_token", [g for r in ok for g in itl_per_token_ns(r)])
     out |= {k: v for k, v in per_token.items() if k.startswith(("p50_", "p99_"))}
     server = [v for r in ok if (v := server_ttft_ms(r)) is not None]
-    queue = [r.server_metrics["queue_time_ms"] for r in ok if (r.server_metrics or {}).get("queue_time_ms")
-             is not None]
+    queue = [
+        r.server_metrics["queue_time_ms"]
+        for r in ok
+        if (r.server_metrics or {}).get("queue_time_ms") is not None
+    ]
     overhead = [v for r in ok if (v := frontend_overhead_ms(r)) is not None]
     if server:
         out["server_ttft_ms"] = statistics.median(server)
@@ -121,12 +136,22 @@ def _nll(ok: list[RequestRecord]) -> dict[str, Any]:
     if not docs:
         return {}
     mean = statistics.fmean(finite) if len(finite) == len(docs) else float("nan")
-    return {"nll_mean": mean, "ppl": math.exp(mean) if math.isfinite(mean) else float("nan"),
-            "doc_nll": docs, "top1_accuracy": sum(1 for x in ranks if x == 1) / len(ranks) if ranks else None}
+    return {
+        "nll_mean": mean,
+        "ppl": math.exp(mean) if math.isfinite(mean) else float("nan"),
+        "doc_nll": docs,
+        "top1_accuracy": sum(1 for x in ranks if x == 1) / len(ranks) if ranks else None,
+    }
 
 
-def summarize_run(records: list[RequestRecord], facts: dict[str, Any], before: Snapshot,
-                  after: Snapshot, cell_id: str, limits: dict[str, float]) -> dict[str, Any]:
+def summarize_run(
+    records: list[RequestRecord],
+    facts: dict[str, Any],
+    before: Snapshot,
+    after: Snapshot,
+    cell_id: str,
+    limits: dict[str, float],
+) -> dict[str, Any]:
     cell = parse_cell(cell_id)
     d = delta(before, after)
     measured = [r for r in records if r.phase == "measure"]
@@ -135,8 +160,14 @@ def summarize_run(records: list[RequestRecord], facts: dict[str, Any], before: S
         t_open, t_close = window["t_open_ns"], window["t_close_ns"]
         measured = [r for r in records if r.t_end_ns >= t_open and r.t_send_ns <= t_close]
     ok = [r for r in measured if r.ok]
-    out: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "cell_id": cell_id, "kind": cell.kind,
-                           "isl": cell.isl, "osl": cell.osl, "concurrency": cell.concurrency}
+    out: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION,
+        "cell_id": cell_id,
+        "kind": cell.kind,
+        "isl": cell.isl,
+        "osl": cell.osl,
+        "concurrency": cell.concurrency,
+    }
     out |= _throughput(measured) | _latency(ok) | spec_decode(d)
     if cell.kind in ("prefill-cold", "ttft") and "server_ttft_ms" in out:
         out["prefill_tok_s"] = cell.isl / (out["server_ttft_ms"] / 1e3)
@@ -145,11 +176,15 @@ def summarize_run(records: list[RequestRecord], facts: dict[str, Any], before: S
     if cell.kind == "decode" and window:
         span_s = (t_close - t_open) / 1e9
         tokens, events = window_counts(records, t_open, t_close)
-        out |= {"window_s": span_s, "decode_tok_s": tokens / span_s, "decode_steps_per_s": events / span_s,
-                "mean_tokens_per_chunk": tokens / events if events else None,
-                "inflight_fraction": inflight_fraction(records, cell.concurrency, t_open, t_close),
-                "window_request_steps": events,
-                "ttft_under_load_ms": out.get("median_ttft_ms")}
+        out |= {
+            "window_s": span_s,
+            "decode_tok_s": tokens / span_s,
+            "decode_steps_per_s": events / span_s,
+            "mean_tokens_per_chunk": tokens / events if events else None,
+            "inflight_fraction": inflight_fraction(records, cell.concurrency, t_open, t_close),
+            "window_request_steps": events,
+            "ttft_under_load_ms": out.get("median_ttft_ms"),
+        }
     if cell.kind in ("decode", "greedy"):
         out |= _spec_steps_check(ok)
     if cell.kind == "nll":
@@ -161,19 +196,21 @@ def summarize_run(records: list[RequestRecord], facts: dict[str, Any], before: S
     return out
 
 
-def summarize_from_files(layout: RunLayout, cell_id: str, variant: str, rep: int,
-                         limits: dict[str, float]) -> dict[str, Any]:
-    def prom(label: str) -> Snapshot:
-        path = layout.run_file(cell_id, variant, rep, f"metrics.{label}.prom.gz")
-        if not path.exists():
-            return Snapshot()
-        with gzip.open(path, "rt") as fh:
-            return parse_metrics(fh.read())
-
-    facts_path: Path = layout.run_file(cell_id, variant, rep, "cell.json")
-    facts = read_json(facts_path) if facts_path.exists() else {"violations": ["cell.json missing"]}
-    records = read_records(layout.run_file(cell_id, variant, rep, "jsonl"))
-    summary = summarize_run(records, facts, prom("before"), prom("after"), cell_id, limits)
-    summary |= {"variant": variant, "rep": rep, "session": facts.get("session"),
-                "definition_sha256": facts.get("definition_sha256")}
+def summary_of(reader: RunReader, key: RunKey, limits: dict[str, float]) -> dict[str, Any]:
+    """The summary of one run, recomputed from its files."""
+    facts = reader.facts(key)
+    summary = summarize_run(
+        reader.records(key),
+        facts,
+        reader.snapshot(key, "before"),
+        reader.snapshot(key, "after"),
+        key.cell_id,
+        limits,
+    )
+    summary |= {
+        "variant": key.variant,
+        "rep": key.rep,
+        "session": facts.get("session"),
+        "definition_sha256": facts.get("definition_sha256"),
+    }
     return summary

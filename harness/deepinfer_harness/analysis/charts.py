@@ -17,6 +17,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from deepinfer_harness import SCHEMA_VERSION
+from deepinfer_harness.analysis.stats import MIN_PAIRS
 from deepinfer_harness.layout import read_json
 
 plt.rcParams["svg.hashsalt"] = "deepinfer-harness"
@@ -24,7 +25,9 @@ COLORS = {"A": "#4C72B0", "B": "#DD8452"}
 
 
 def runs_frame(summary: dict) -> pd.DataFrame:
-    return pd.DataFrame(summary["runs"])
+    """Valid runs only: an invalid run (e.g. a killed server's 0 tok/s) is never plotted as data."""
+    valid = [r for r in summary["runs"] if r["validity"]["valid"]]
+    return pd.DataFrame(valid)
 
 
 def ab_frame(ab: dict) -> pd.DataFrame:
@@ -49,18 +52,31 @@ def throughput_ab(ab: pd.DataFrame, labels: dict[str, str]) -> Figure:
                 runs = [x for x in side["runs"] if isinstance(x, int | float)]
                 est = side["estimate"] or 0
                 err = [[est - min(runs, default=est)], [max(runs, default=est) - est]]
-                ax.bar(i + (j - 0.5) * 0.38, est, 0.36, color=COLORS[v], yerr=err, capsize=3,
-                       label=labels[v] if i == 0 else None)
+                ax.bar(
+                    i + (j - 0.5) * 0.38,
+                    est,
+                    0.36,
+                    color=COLORS[v],
+                    yerr=err,
+                    capsize=3,
+                    label=labels[v] if i == 0 else None,
+                )
                 tops.append(max(runs, default=est))
             if row["ratio"]:
-                text = f"{row['ratio']:.2f}× {row['mark']}\n[{row['ci_low']:.2f}, {row['ci_high']:.2f}]"
-                ax.annotate(text, (i, max(tops)), xytext=(0, 4), textcoords="offset points", ha="center",
-                            fontsize=7)
+                ci = (
+                    f"[{row['ci_low']:.2f}, {row['ci_high']:.2f}]"
+                    if pd.notna(row["ci_low"])
+                    else f"no CI: {row['n_pairs']} pairs"
+                )
+                text = f"{row['ratio']:.2f}× {row['mark']}\n{ci}"
+                ax.annotate(
+                    text, (i, max(tops)), xytext=(0, 4), textcoords="offset points", ha="center", fontsize=7
+                )
         ax.set_xticks(range(len(rows)), rows["cell_id"], fontsize=7, rotation=15)
-        ax.set_ylabel(f"{metric} (whiskers: run min–max)")
+        ax.set_ylabel(f"{metric} (bar: mean of valid runs, whiskers: min–max)")
         ax.margins(y=0.2)
         ax.legend(fontsize=8)
-    fig.suptitle("Throughput per cell, B/A ratio with 95 % CI and mark")
+    fig.suptitle(f"Throughput per cell: B/A ratio, 95 % CI (from {MIN_PAIRS} pairs) and mark")
     fig.tight_layout()
     return fig
 
@@ -80,8 +96,10 @@ def decode_scaling(runs: pd.DataFrame, labels: dict[str, str]) -> Figure:
     """System decode tok/s and TPOT against concurrency, one line per arm, every run as a dot."""
     d = runs[runs["kind"] == "decode"]
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    for ax, metric, unit in ((axes[0], "decode_tok_s", "decode tok/s (window)"),
-                             (axes[1], "mean_tpot_ms", "mean TPOT (ms)")):
+    for ax, metric, unit in (
+        (axes[0], "decode_tok_s", "decode tok/s (window)"),
+        (axes[1], "mean_tpot_ms", "mean TPOT (ms)"),
+    ):
         _arm_lines(ax, d, "concurrency", metric, labels)
         ax.set_xscale("log", base=2)
         ax.set_xticks(sorted(d["concurrency"].unique()), [str(c) for c in sorted(d["concurrency"].unique())])
@@ -98,8 +116,10 @@ def prefill_by_isl(runs: pd.DataFrame, labels: dict[str, str]) -> Figure:
     """Median TTFT and prefill tok/s against prompt length (C=1 cold prefill and TTFT cells)."""
     d = runs[runs["kind"].isin(["prefill-cold", "ttft"]) & (runs["concurrency"] == 1)]
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    for ax, metric, unit in ((axes[0], "median_ttft_ms", "median TTFT (ms)"),
-                             (axes[1], "prefill_tok_s", "prefill tok/s (ISL / server TTFT)")):
+    for ax, metric, unit in (
+        (axes[0], "median_ttft_ms", "median TTFT (ms)"),
+        (axes[1], "prefill_tok_s", "prefill tok/s (ISL / server TTFT)"),
+    ):
         _arm_lines(ax, d, "isl", metric, labels)
         ax.set_xscale("log", base=2)
         ax.set_xlabel("prompt length (tokens)")
@@ -127,8 +147,14 @@ def nll_deltas(numerics: pd.DataFrame) -> Figure:
         ax.bar_label(bars, [f"{v:.2g}" for v in values], fontsize=7)
     ax.set_ylim(0, max([*maxes, 1e-6]) * 1.3)
     if maxes and max(maxes) == 0:
-        ax.text(0.5, 0.5, "every compared prompt logprob is bit-identical", transform=ax.transAxes,
-                ha="center", fontsize=9)
+        ax.text(
+            0.5,
+            0.5,
+            "every compared prompt logprob is bit-identical",
+            transform=ax.transAxes,
+            ha="center",
+            fontsize=9,
+        )
     ax.set_xticks(list(x), labels, fontsize=7)
     ax.set_ylabel("nats per token")
     ax.set_title("Prompt-logprob deltas (A/B vs A/A)")
@@ -171,7 +197,10 @@ def all_charts(results: Path, charts: Path) -> list[Path]:
     for summary in sorted(results.rglob("summary.json")):
         run_dir = summary.parent
         manifest = run_dir / "manifest.json"
-        if (manifest.exists() and (run_dir / "ab.json").exists()
-                and read_json(manifest).get("schema_version") == SCHEMA_VERSION):  # harness runs only
+        if (
+            manifest.exists()
+            and (run_dir / "ab.json").exists()
+            and read_json(manifest).get("schema_version") == SCHEMA_VERSION
+        ):  # harness runs only
             written += charts_for_run(run_dir, charts / run_dir.relative_to(results))
     return written

@@ -11,7 +11,7 @@ import math
 import statistics
 from dataclasses import dataclass
 
-from deepinfer_harness.looplag import percentile
+from deepinfer_harness.analysis.stats import percentile
 from deepinfer_harness.records import RequestRecord
 
 
@@ -22,21 +22,26 @@ class Metric:
     doc: str
 
 
-METRICS = {m.name: m for m in [
-    Metric("ttft_ms", False, "τ1 − t0"),
-    Metric("e2el_ms", False, "τm − t0 (usage event excluded)"),
-    Metric("tpot_ms", False, "(τm − τ1)/(N − 1), N ≥ 2"),
-    Metric("itl_ms", False, "τj − τj−1, j ≥ 2: the step latency under speculative decoding"),
-    Metric("itl_per_token_ms", False, "each gap_j/k_j repeated k_j times; a derived view"),
-    Metric("decode_tok_s", True, "cell: in-window tokens (first event of each request excluded) / window"),
-    Metric("decode_steps_per_s", True, "cell: in-window content events (first excluded) / window"),
-    Metric("mean_tokens_per_chunk", True, "in-window tokens / in-window events = acceptance length seen"),
-    Metric("prefill_tok_s", True, "ISL / server time_to_first_token_ms"),
-    Metric("client_prefill_tok_s", True, "ISL / client TTFT"),
-    Metric("spec_decode_acceptance_length", True, "1 + ΔA/ΔD from the Prometheus counters"),
-    Metric("nll_mean", False, "mean over docs of mean −logprob(actual token), positions 1…n−1"),
-    Metric("frontend_overhead_ms", False, "ttft − queue_time_ms − server time_to_first_token_ms"),
-]}
+METRICS = {
+    m.name: m
+    for m in [
+        Metric("ttft_ms", False, "τ1 − t0"),
+        Metric("e2el_ms", False, "τm − t0 (usage event excluded)"),
+        Metric("tpot_ms", False, "(τm − τ1)/(N − 1), N ≥ 2"),
+        Metric("itl_ms", False, "τj − τj−1, j ≥ 2: the step latency under speculative decoding"),
+        Metric("itl_per_token_ms", False, "each gap_j/k_j repeated k_j times; a derived view"),
+        Metric(
+            "decode_tok_s", True, "cell: in-window tokens (first event of each request excluded) / window"
+        ),
+        Metric("decode_steps_per_s", True, "cell: in-window content events (first excluded) / window"),
+        Metric("mean_tokens_per_chunk", True, "in-window tokens / in-window events = acceptance length seen"),
+        Metric("prefill_tok_s", True, "ISL / server time_to_first_token_ms"),
+        Metric("client_prefill_tok_s", True, "ISL / client TTFT"),
+        Metric("spec_decode_acceptance_length", True, "1 + ΔA/ΔD from the Prometheus counters"),
+        Metric("nll_mean", False, "mean over docs of mean −logprob(actual token), positions 1…n−1"),
+        Metric("frontend_overhead_ms", False, "ttft − queue_time_ms − server time_to_first_token_ms"),
+    ]
+}
 
 
 def ttft_ns(r: RequestRecord) -> int | None:
@@ -76,8 +81,11 @@ def stream_decode_rates(r: RequestRecord) -> dict[str, float] | None:
     k1 = r.tokens_per_chunk[0] or 1
     if span_s <= 0:
         return None
-    return {"decode_tok_s": (n - k1) / span_s, "step_rate": (m - 1) / span_s,
-            "tokens_per_step": (n - k1) / (m - 1)}
+    return {
+        "decode_tok_s": (n - k1) / span_s,
+        "step_rate": (m - 1) / span_s,
+        "tokens_per_step": (n - k1) / (m - 1),
+    }
 
 
 def server_ttft_ms(r: RequestRecord) -> float | None:
@@ -126,9 +134,12 @@ def describe_ms(name: str, values_ns: list[float]) -> dict[str, float]:
     ms = [v / 1e6 for v in values_ns]
     if not ms:
         return {}
-    return {f"mean_{name}_ms": statistics.fmean(ms), f"median_{name}_ms": statistics.median(ms),
-            f"std_{name}_ms": statistics.pstdev(ms) if len(ms) > 1 else 0.0,
-            **{f"p{q}_{name}_ms": percentile(ms, q) for q in (50, 90, 99)}}
+    return {
+        f"mean_{name}_ms": statistics.fmean(ms),
+        f"median_{name}_ms": statistics.median(ms),
+        f"std_{name}_ms": statistics.pstdev(ms) if len(ms) > 1 else 0.0,
+        **{f"p{q}_{name}_ms": percentile(ms, q) for q in (50, 90, 99)},
+    }
 
 
 def nll_of(lp: list[float | None]) -> float:

@@ -1,0 +1,292 @@
+"""A/B rows from per-run summaries: paired ratio with bootstrap CI, A/A noise floor, MDE, mark.
+
+Pairs are (A rep k, B rep k) with both runs valid; A/A and B/B pairs are consecutive valid reps
+of one variant (r0/r1, r2/r3, …), pooled. Arm means are over valid runs only; invalid and missing
+runs are listed on the row and make its mark `!`. Numerics (ΔNLL, top-1 agreement, greedy
+token match) come from the JSONL through the one reader.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from deepinfer_harness.analysis.metrics import METRICS
+from deepinfer_harness.analysis.reader import RunReader
+from deepinfer_harness.analysis.stats import (
+    MIN_PAIRS,
+    NoiseFloor,
+    RatioCI,
+    aa_noise,
+    bootstrap_ratio,
+    decide,
+    log_ratios,
+    mde,
+    pairs_needed,
+    percentile,
+    percentile_log_ratios,
+    two_level_ratio,
+)
+from deepinfer_harness.layout import RunKey
+
+COMPARED_METRICS = {
+    "prefill-cold": ["median_ttft_ms", "prefill_tok_s", "client_prefill_tok_s"],
+    "ttft": ["median_ttft_ms", "p99_ttft_ms", "frontend_overhead_ms"],
+    "decode": [
+        "decode_tok_s",
+        "mean_tpot_ms",
+        "decode_steps_per_s",
+        "mean_tokens_per_chunk",
+        "spec_decode_acceptance_length",
+        "ttft_under_load_ms",
+    ],
+    "nll": ["nll_mean"],
+    "greedy": ["mean_tpot_ms"],
+}
+Samples = dict[tuple[str, int], list[float]]
+
+
+@dataclass
+class CellRuns:
+    """Every run of one cell that exists, and the runs the schedule expected."""
+
+    cell_id: str
+    kind: str
+    runs: dict[tuple[str, int], dict[str, Any]]  # (variant, rep) → run summary
+    expected: list[tuple[str, int]]
+    comparable: bool = True
+
+    def valid(self, variant: str) -> dict[int, dict[str, Any]]:
+        return {k: r for (v, k), r in self.runs.items() if v == variant and r["validity"]["valid"]}
+
+    @property
+    def invalid(self) -> list[str]:
+        return [f"{v}.r{k}" for (v, k), r in sorted(self.runs.items()) if not r["validity"]["valid"]]
+
+    @property
+    def missing(self) -> list[str]:
+        return [f"{v}.r{k}" for v, k in sorted(self.expected) if (v, k) not in self.runs]
+
+    def problems(self) -> str:
+        parts = ([f"invalid runs {', '.join(self.invalid)}"] if self.invalid else []) + (
+            [f"missing runs {', '.join(self.missing)}"] if self.missing else []
+        )
+        return "; ".join(parts)
+
+    def ab_reps(self) -> list[int]:
+        return sorted(set(self.valid("A")) & set(self.valid("B")))
+
+    def aa_keys(self) -> list[tuple[tuple[str, int], tuple[str, int]]]:
+        out = []
+        for v in ("A", "B"):
+            by = self.valid(v)
+            out += [((v, k), (v, k + 1)) for k in sorted(by) if k % 2 == 0 and k + 1 in by]
+        return out
+
+
+def metrics_for(kind: str, runs: list[dict[str, Any]]) -> list[str]:
+    """The kind's fixed metrics plus per-position acceptance (the acceptance gate) when present."""
+    positions = sorted({k for r in runs for k in r if k.startswith("spec_decode_accept_p")})
+    return COMPARED_METRICS[kind] + (positions if kind == "decode" else [])
+
+
+def higher_is_better(metric: str) -> bool:
+    base = metric.removeprefix("median_").removeprefix("mean_").removeprefix("p99_")
+    known = METRICS.get(base) or METRICS.get(metric)
+    return known.higher_is_better if known else not metric.endswith("_ms")
+
+
+def _finite(values: list[Any]) -> list[float]:
+    return [float(x) for x in values if isinstance(x, int | float) and math.isfinite(x)]
+
+
+def arm(cell: CellRuns, variant: str, metric: str) -> dict[str, Any]:
+    """Mean ± sd over the arm's valid runs (invalid runs are listed, never averaged in)."""
+    by = cell.valid(variant)
+    values = {k: r.get(metric) for k, r in sorted(by.items())}
+    vals = _finite(list(values.values()))
+    return {
+        "estimate": statistics.fmean(vals) if vals else None,
+        "sd": statistics.stdev(vals) if len(vals) > 1 else None,
+        "n_valid": len(vals),
+        "runs": vals,
+        "reps": [k for k, x in values.items() if x in vals],
+    }
+
+
+def _quantile(metric: str) -> float | None:
+    head = metric.split("_", 1)[0]
+    return float(head[1:]) if head.startswith("p") and head[1:].isdigit() else None
+
+
+def compare_metric(
+    cell: CellRuns,
+    metric: str,
+    resamples: int,
+    seed: int,
+    delta: float | None = None,
+    samples: Samples | None = None,
+    aa_run: bool = False,
+) -> dict[str, Any] | None:
+    """One A/B row; `delta` is the relative change declared in advance for this metric (for power).
+
+    With per-request `samples` ((variant, rep) → values) a `p<q>_` metric uses the two-level
+    bootstrap (pairs, then requests within each run) instead of one statistic per run.
+    """
+    if not any(isinstance(r.get(metric), int | float) for r in cell.runs.values()):
+        return None
+    reps, aa_keys = cell.ab_reps(), cell.aa_keys()
+    va, vb = cell.valid("A"), cell.valid("B")
+    q = _quantile(metric)
+    ci: RatioCI | None
+    if q is not None and samples is not None:
+        ci = two_level_ratio(
+            [samples.get(("A", k), []) for k in reps],
+            [samples.get(("B", k), []) for k in reps],
+            q,
+            resamples,
+            seed,
+        )
+        aa_d = percentile_log_ratios(
+            [samples.get(x, []) for x, _ in aa_keys], [samples.get(y, []) for _, y in aa_keys], q
+        )
+    else:
+        ci = bootstrap_ratio(
+            [va[k].get(metric) for k in reps], [vb[k].get(metric) for k in reps], resamples, seed
+        )
+        aa_d = log_ratios(
+            [_value(cell, x, metric) for x, _ in aa_keys], [_value(cell, y, metric) for _, y in aa_keys]
+        )
+    noise = aa_noise(aa_d)
+    mark, why = decide(
+        ci,
+        higher_is_better(metric),
+        noise,
+        comparable=cell.comparable,
+        problems=cell.problems(),
+        aa_run=aa_run,
+    )
+    n_pairs = ci.n_pairs if ci else 0
+    row: dict[str, Any] = {
+        "cell_id": cell.cell_id,
+        "metric": metric,
+        "a": arm(cell, "A", metric),
+        "b": arm(cell, "B", metric),
+        "ratio": ci.ratio if ci else None,
+        "ci_low": ci.ci_low if ci else None,
+        "ci_high": ci.ci_high if ci else None,
+        "n_pairs": n_pairs,
+        "min_pairs": MIN_PAIRS,
+        "method": ci.method if ci else "paired_bootstrap_logratio",
+        "aa": _noise_dict(noise),
+        "aa_ratio": math.exp(noise.offset) if noise else None,
+        "noise_floor": noise.floor_rel if noise else None,
+        "mde": mde(noise, n_pairs),
+        "delta": delta,
+        "pairs_needed": pairs_needed(noise, delta),
+        "underpowered": n_pairs < MIN_PAIRS,
+        "valid": not cell.invalid and not cell.missing,
+        "invalid_runs": cell.invalid,
+        "missing_runs": cell.missing,
+        "mark": mark,
+        "why": why,
+    }
+    if metric == "decode_tok_s":
+        row["components"] = _components(cell, reps, seed)
+    return row
+
+
+def _value(cell: CellRuns, key: tuple[str, int], metric: str) -> Any:
+    return cell.runs[key].get(metric)
+
+
+def _noise_dict(noise: NoiseFloor | None) -> dict[str, Any] | None:
+    if noise is None:
+        return None
+    return {
+        "n_pairs": noise.n_pairs,
+        "offset_log": noise.offset,
+        "spread_log": noise.spread,
+        "sigma_log": noise.sigma,
+        "floor_log": noise.floor,
+        "floor": noise.floor_rel,
+    }
+
+
+def _components(cell: CellRuns, reps: list[int], seed: int) -> dict[str, float | None]:
+    """decode tok/s = step rate × acceptance length: both ratios, so a kernel gain is told apart
+    from acceptance drift (AL from the counters when every pair has them, else tokens per chunk)."""
+    va, vb = cell.valid("A"), cell.valid("B")
+    counters = all(va[k].get("spec_decode_acceptance_length") for k in reps)
+    al_key = "spec_decode_acceptance_length" if counters else "mean_tokens_per_chunk"
+    parts: dict[str, float | None] = {}
+    for name, key in (("step_rate_ratio", "decode_steps_per_s"), ("acceptance_length_ratio", al_key)):
+        part = bootstrap_ratio(
+            [va[k].get(key) for k in reps], [vb[k].get(key) for k in reps], 1, seed, min_pairs=10**9
+        )  # estimate only
+        parts[name] = part.ratio if part else None
+    return parts
+
+
+def _nll_pair(reader: RunReader, cell_id: str, a: tuple[str, int], b: tuple[str, int]) -> dict[str, Any]:
+    def load(v: tuple[str, int]) -> dict:
+        return {r.index: r for r in reader.records(RunKey(cell_id, *v)) if r.prompt_logprobs}
+
+    ra, rb = load(a), load(b)
+    diffs, agree, total = [], 0, 0
+    for i in sorted(set(ra) & set(rb)):
+        pa, pb = ra[i].prompt_logprobs, rb[i].prompt_logprobs
+        for la, lb, ta, tb in zip(pa["lp"], pb["lp"], pa["top1"], pb["top1"], strict=False):
+            if la is not None and lb is not None:
+                diffs.append(abs(la - lb))
+            agree += int(ta is not None and ta == tb)
+            total += 1
+    if not diffs:
+        return {}
+    return {
+        "pair": f"{a[0]}.r{a[1]}~{b[0]}.r{b[1]}",
+        "dnll_abs_mean": statistics.fmean(diffs),
+        "dnll_abs_p99": percentile(diffs, 99),
+        "dnll_abs_max": max(diffs),
+        "top1_agreement": agree / total if total else None,
+    }
+
+
+def _greedy_pair(reader: RunReader, cell_id: str, a: tuple[str, int], b: tuple[str, int]) -> dict[str, Any]:
+    ra = {r.index: r.output_token_ids for r in reader.records(RunKey(cell_id, *a))}
+    rb = {r.index: r.output_token_ids for r in reader.records(RunKey(cell_id, *b))}
+    common = [i for i in sorted(set(ra) & set(rb)) if ra[i] is not None and rb[i] is not None]
+    if not common:
+        return {}
+    firsts = []
+    for i in common:
+        x, y = ra[i], rb[i]
+        firsts.append(
+            next(
+                (j for j, (p, q) in enumerate(zip(x, y, strict=False)) if p != q),
+                None if len(x) == len(y) else min(len(x), len(y)),
+            )
+        )
+    diverged = [f for f in firsts if f is not None]
+    return {
+        "pair": f"{a[0]}.r{a[1]}~{b[0]}.r{b[1]}",
+        "greedy_exact_match_rate": 1 - len(diverged) / len(common),
+        "first_divergence_mean": float(np.mean(diverged)) if diverged else None,
+        "prompts": len(common),
+    }
+
+
+def numerics(reader: RunReader, cell: CellRuns) -> dict[str, Any]:
+    fn = _nll_pair if cell.kind == "nll" else _greedy_pair
+    ab = [fn(reader, cell.cell_id, ("A", k), ("B", k)) for k in cell.ab_reps()]
+    aa = [fn(reader, cell.cell_id, x, y) for x, y in cell.aa_keys()]
+    return {
+        "cell_id": cell.cell_id,
+        "kind": cell.kind,
+        "ab": [x for x in ab if x],
+        "aa": [x for x in aa if x],
+    }

@@ -1,0 +1,298 @@
+"""Run-level outputs from files only: summary.json, ab.json, and Markdown/CSV tables (pandas).
+
+`build_report` re-summarizes every run from its files, compares A and B per cell and metric,
+and writes the tables; runs whose cell definitions differ are not compared (mark `x`).
+"""
+
+from __future__ import annotations
+
+import math
+import platform
+from typing import Any
+
+import pandas as pd
+
+from deepinfer_harness import SCHEMA_VERSION, __version__
+from deepinfer_harness.analysis.ab import CellRuns, Samples, compare_metric, metrics_for, numerics
+from deepinfer_harness.analysis.metrics import ttft_ns
+from deepinfer_harness.analysis.reader import RunReader
+from deepinfer_harness.analysis.run_summary import summary_of
+from deepinfer_harness.analysis.stats import MIN_PAIRS
+from deepinfer_harness.layout import RunKey, RunLayout, read_json, write_json
+
+RUN_COLUMNS = [
+    "cell_id",
+    "variant",
+    "rep",
+    "session",
+    "completed",
+    "failed",
+    "median_ttft_ms",
+    "mean_tpot_ms",
+    "decode_tok_s",
+    "prefill_tok_s",
+    "nll_mean",
+    "valid",
+]
+PM = "±"  # always printed as "mean ± sd (n runs)"
+
+
+def fmt(x: Any, digits: int = 3) -> str:
+    if not isinstance(x, int | float) or (isinstance(x, float) and not math.isfinite(x)):
+        return "n/a"
+    return f"{x:.{digits}g}" if abs(x) < 1000 else f"{x:,.0f}"
+
+
+def pct(x: Any) -> str:
+    return f"{100 * x:.1f} %" if isinstance(x, int | float) and math.isfinite(x) else "n/a"
+
+
+def markdown(frame: pd.DataFrame) -> str:
+    """GitHub table without the optional `tabulate` dependency."""
+    cells = [
+        [fmt(v, 4) if isinstance(v, float) else ("" if v is None else str(v)) for v in row]
+        for row in frame.itertuples(index=False)
+    ]
+    head = "| " + " | ".join(map(str, frame.columns)) + " |"
+    rule = "|" + "|".join("---" for _ in frame.columns) + "|"
+    return "\n".join([head, rule, *("| " + " | ".join(c) + " |" for c in cells)])
+
+
+def side(arm: dict[str, Any]) -> str:
+    """`41.2 ± 0.6 (n=2)`: mean ± sd over the arm's valid runs."""
+    if arm["estimate"] is None:
+        return "n/a"
+    sd = f" {PM} {fmt(arm['sd'], 2)}" if arm.get("sd") is not None else ""
+    return f"{fmt(arm['estimate'])}{sd} (n={arm['n_valid']})"
+
+
+def ci_text(row: dict[str, Any]) -> str:
+    n = row["n_pairs"]
+    pairs = f"{n} pair{'' if n == 1 else 's'}"
+    if row.get("ci_low") is None:
+        return f"{pairs}, no CI below {row.get('min_pairs', MIN_PAIRS)}"
+    return f"95% CI {row['ci_low']:.3f}–{row['ci_high']:.3f}, {pairs}"
+
+
+def pairs_for_delta(row: dict[str, Any]) -> str:
+    """Pairs needed for the declared δ, or why there is no such number."""
+    if row.get("delta") is None:
+        return "— (no δ declared)"
+    if row["pairs_needed"] is not None:
+        return f"{row['pairs_needed']} (δ {100 * row['delta']:.0f} %)"
+    if row.get("aa") is None:
+        return "— (no A/A pair)"
+    return f"∞: A/A offset ≥ δ {100 * row['delta']:.0f} %"
+
+
+def ab_line(row: dict[str, Any]) -> str:
+    """`decode-i1k-o256-c8  mean_tpot_ms  A 41.2 ± 0.6 (n=6) → B 33.9 ± 0.5 (n=6)  B/A 0.823×
+    (95% CI 0.80–0.84, 6 pairs)  -  why` — ± is the sd over valid runs."""
+    ratio = f"B/A {row['ratio']:.3f}×" if row.get("ratio") else "B/A n/a"
+    return (
+        f"{row['cell_id']}  {row['metric']}  A {side(row['a'])} → B {side(row['b'])}  {ratio} "
+        f"({ci_text(row)})  {row['mark']}  {row['why']}"
+    )
+
+
+def ttft_samples(reader: RunReader, cell_id: str, keys: list[tuple[str, int]]) -> Samples:
+    """Per-request client TTFT (ms) of each run's measured, successful requests."""
+    return {
+        k: [t / 1e6 for r in reader.measured_ok(RunKey(cell_id, *k)) if (t := ttft_ns(r)) is not None]
+        for k in keys
+    }
+
+
+def _cells(manifest: dict[str, Any], runs: list[dict[str, Any]], parity_ok: bool) -> list[CellRuns]:
+    definitions = {c["cell_id"]: c for c in manifest["cells"]}
+    expected = [(s["variant"], s["rep"]) for s in manifest["schedule"]]
+    out = []
+    for cell_id in sorted(definitions.keys() | {r["cell_id"] for r in runs}):
+        cell_runs = {(r["variant"], r["rep"]): r for r in runs if r["cell_id"] == cell_id}
+        sha = definitions.get(cell_id, {}).get("definition_sha256")
+        same_def = all(r.get("definition_sha256") == sha for r in cell_runs.values())
+        kind = (
+            definitions[cell_id]["kind"] if cell_id in definitions else next(iter(cell_runs.values()))["kind"]
+        )
+        out.append(CellRuns(cell_id, kind, cell_runs, expected, parity_ok and same_def))
+    return out
+
+
+def build_report(layout: RunLayout) -> dict[str, Any]:
+    manifest = read_json(layout.manifest)
+    limits = manifest["profile"]["validity"]
+    ab_cfg = manifest["profile"]["ab"]
+    aa_run = bool(ab_cfg.get("aa"))
+    reader = RunReader(layout)
+    runs: list[dict[str, Any]] = []
+    for key in layout.keys():
+        summary = summary_of(reader, key, limits)
+        write_json(layout.run_file(key, "summary.json"), summary)
+        runs.append(summary)
+    parity = manifest.get("parity") or {}
+    cells = _cells(manifest, runs, parity.get("status") == "ok")
+    ab: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION,
+        "aa_run": aa_run,
+        "min_pairs": MIN_PAIRS,
+        "rows": [],
+        "numerics": [],
+    }
+    for cell in cells:
+        if not cell.runs:
+            continue
+        for metric in metrics_for(cell.kind, list(cell.runs.values())):
+            delta = ab_cfg["deltas"].get(metric.removeprefix("median_").removeprefix("mean_"))
+            samples = (
+                ttft_samples(reader, cell.cell_id, list(cell.runs))
+                if (metric.startswith("p") and "ttft" in metric)
+                else None
+            )
+            row = compare_metric(
+                cell, metric, ab_cfg["bootstrap_resamples"], ab_cfg["seed"], delta, samples, aa_run
+            )
+            if row:
+                row["line"] = ab_line(row)
+                ab["rows"].append(row)
+        if cell.kind in ("nll", "greedy"):
+            ab["numerics"].append(numerics(reader, cell))
+    write_json(layout.ab, ab)
+    missing = [f"{c.cell_id}/{m}" for c in cells for m in c.missing]
+    invalid = [
+        {"run": f"{r['cell_id']}/{r['variant']}.r{r['rep']}", "violations": r["validity"]["violations"]}
+        for r in runs
+        if not r["validity"]["valid"]
+    ]
+    summary = {
+        "schema_version": SCHEMA_VERSION,
+        "run_id": manifest["run_id"],
+        "aa_run": aa_run,
+        "provenance": {
+            "harness_version": __version__,
+            "git_sha": manifest["harness"].get("git_sha"),
+            "python": platform.python_version(),
+            "profile": manifest["profile"]["name"],
+            "parity": manifest.get("parity"),
+            "labels": manifest["profile"]["labels"],
+            "note": manifest.get("note"),
+        },
+        "runs": runs,
+        "n_runs": len(runs),
+        "n_expected": len(cells) * len(manifest["schedule"]),
+        "missing_runs": missing,
+        "invalid_runs": invalid,
+        "n_invalid": len(invalid),
+        "marks": _mark_counts(ab["rows"]),
+        "ab_lines": [row["line"] for row in ab["rows"]],
+    }
+    write_json(layout.summary, summary)
+    write_tables(layout, runs, ab, summary)
+    return summary
+
+
+def _mark_counts(rows: list[dict[str, Any]]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for row in rows:
+        counts[row["mark"]] = counts.get(row["mark"], 0) + 1
+    return dict(sorted(counts.items()))
+
+
+def headline(summary: dict[str, Any]) -> str:
+    """One line for the end of a run: A/A or A/B, runs done of expected, invalid, missing, marks."""
+    kind = "A/A (both arms the same build: differences are noise)" if summary["aa_run"] else "A/B"
+    marks = " ".join(f"{k}×{v}" for k, v in summary["marks"].items()) or "none"
+    return (
+        f"{kind}: {summary['n_runs']} of {summary['n_expected']} runs, {summary['n_invalid']} invalid, "
+        f"{len(summary['missing_runs'])} missing; marks {marks}"
+    )
+
+
+def write_tables(
+    layout: RunLayout, runs: list[dict[str, Any]], ab: dict[str, Any], summary: dict[str, Any]
+) -> None:
+    frame = pd.DataFrame(
+        [
+            {**{k: r.get(k) for k in RUN_COLUMNS if k != "valid"}, "valid": r["validity"]["valid"]}
+            for r in runs
+        ],
+        columns=RUN_COLUMNS,
+    )
+    frame.to_csv(layout.root / "runs.csv", index=False)
+    flat = pd.DataFrame(
+        [
+            {
+                "cell_id": r["cell_id"],
+                "metric": r["metric"],
+                "a_mean": r["a"]["estimate"],
+                "a_sd": r["a"]["sd"],
+                "a_n": r["a"]["n_valid"],
+                "b_mean": r["b"]["estimate"],
+                "b_sd": r["b"]["sd"],
+                "b_n": r["b"]["n_valid"],
+                "ratio": r["ratio"],
+                "ci_low": r["ci_low"],
+                "ci_high": r["ci_high"],
+                "n_pairs": r["n_pairs"],
+                "aa_pairs": (r["aa"] or {}).get("n_pairs", 0),
+                "noise_floor": r["noise_floor"],
+                "mde": r["mde"],
+                "pairs_needed": r["pairs_needed"],
+                "mark": r["mark"],
+                "why": r["why"],
+            }
+            for r in ab["rows"]
+        ]
+    )
+    flat.to_csv(layout.root / "ab.csv", index=False)
+    table = pd.DataFrame(
+        [
+            {
+                "cell": r["cell_id"],
+                "metric": r["metric"],
+                f"A mean {PM} sd (n)": side(r["a"]),
+                f"B mean {PM} sd (n)": side(r["b"]),
+                "B/A": f"{r['ratio']:.3f}" if r["ratio"] else "n/a",
+                "95 % CI": (f"{r['ci_low']:.3f}–{r['ci_high']:.3f}" if r["ci_low"] is not None else "—"),
+                "pairs": r["n_pairs"],
+                "A/A floor (pairs)": (f"{pct(r['noise_floor'])} ({r['aa']['n_pairs']})" if r["aa"] else "—"),
+                "MDE": pct(r["mde"]),
+                "pairs for δ": pairs_for_delta(r),
+                "mark": f"`{r['mark']}`",
+                "why": r["why"],
+            }
+            for r in ab["rows"]
+        ]
+    )
+    run_kind = (
+        "**A/A run**: both arms launch the same build, so no row is marked better or worse; the "
+        "table measures the noise this setup produces."
+        if ab["aa_run"]
+        else "**A/B run.**"
+    )
+    text = [
+        "# A/B results",
+        "",
+        headline(summary),
+        "",
+        run_kind,
+        "",
+        "Marks: `-` better, `+` worse, `~` within noise, `!` invalid or missing runs in the cell, "
+        "`x` not comparable (parity or definitions), `?` no claim possible (fewer than "
+        f"{MIN_PAIRS} valid pairs, or no A/A pair). `{PM}` is the standard deviation over the arm's "
+        f"valid runs and n their count; invalid runs are never averaged in. B/A = exp(mean ln(B/A)) "
+        f"over valid (A rep k, B rep k) pairs; 95 % CIs are paired-bootstrap and printed only from "
+        f"{MIN_PAIRS} pairs. A/A floor = |mean A/A log-ratio| + t·sd/√n over the A/A pairs (same "
+        "build, consecutive sessions), so session drift counts; MDE = max(floor, 2.8·σ/√pairs) with "
+        "σ the RMS A/A log-ratio; pairs for δ = (2.8·σ/ln(1+δ))² for the δ declared per metric.",
+        "",
+    ]
+    text += [markdown(table) if not table.empty else "(no comparable rows)", ""]
+    text += ["## Invalid runs", ""]
+    text += [f"- {x['run']}: {'; '.join(x['violations'][:4])}" for x in summary["invalid_runs"]] or ["(none)"]
+    text += ["", "## Missing runs", ""]
+    text += [f"- {m}" for m in summary["missing_runs"]] or ["(none)"]
+    text += ["", "## Runs", "", markdown(frame) if not frame.empty else "(none)", ""]
+    for num in ab["numerics"]:
+        text += [f"## Numerics {num['cell_id']}", ""]
+        text += [f"- {kind.upper()} {item}" for kind in ("ab", "aa") for item in num[kind]] + [""]
+    (layout.root / "ab.md").write_text("\n".join(text))

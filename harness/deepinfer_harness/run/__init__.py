@@ -1,0 +1,1 @@
+"""Run stage: the only code that starts servers and sends traffic."""

@@ -1,0 +1,193 @@
+"""Exact server command lines per arm: `vllm serve` args, `docker run`, local command or URL.
+
+Pure functions of the profile so that `--dry-run` and unit tests see the same argv that `run`
+executes. Flags every arm gets are the ones the harness's metrics depend on. Only variables the
+profile names reach the server: `env` (values set in the profile, plus VLLM_SERVER_DEV_MODE and
+the PP partition) and `server.pass_env` (names copied from the harness's environment), on top
+of a fixed set of process plumbing (PATH, HOME, locale, TMPDIR).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import sys
+from dataclasses import dataclass, field
+
+from deepinfer_harness.config import Profile
+
+# Flags the harness relies on: per-request cached tokens, the response `metrics` object,
+# one SSE event per engine step, prompt-logprob depth and raw logprobs for the NLL cells.
+HARNESS_FLAGS = [
+    "--enable-prompt-tokens-details",
+    "--enable-per-request-metrics",
+    "--stream-interval",
+    "1",
+    "--max-logprobs",
+    "20",
+    "--logprobs-mode",
+    "raw_logprobs",
+]
+PLUMBING_ENV = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "LC_CTYPE", "TMPDIR", "TZ")
+SECRET_MARKERS = ("TOKEN", "KEY", "SECRET", "PASSWORD")
+
+
+@dataclass(frozen=True)
+class Launch:
+    variant: str
+    kind: str  # local | docker | url
+    base_url: str
+    argv: list[str] = field(default_factory=list)  # empty for url
+    env: dict[str, str] = field(default_factory=dict)  # what the profile sets for the server
+    serve_args: list[str] = field(default_factory=list)
+    stop_argv: list[str] = field(default_factory=list)  # run after killing the group (docker rm -f)
+    nice: int = 0
+    pass_env: tuple[str, ...] = ()  # names copied from the harness's environment (local mode)
+    image: str | None = None
+
+    def process_env(self) -> dict[str, str]:
+        """The whole environment of the launched process. Local: plumbing + pass_env + env, nothing
+        else. Docker: the docker client keeps the harness's environment (DOCKER_HOST, …); the
+        container sees only the `-e` variables in argv."""
+        if self.kind == "docker":
+            return dict(os.environ)
+        names = (*PLUMBING_ENV, *self.pass_env)
+        return {k: os.environ[k] for k in names if k in os.environ} | self.env
+
+    def recorded_env(self) -> dict[str, str]:
+        """env plus passed-through names as the manifest records them (secrets redacted)."""
+        passed = {
+            k: ("<redacted>" if any(m in k.upper() for m in SECRET_MARKERS) else os.environ[k])
+            for k in self.pass_env
+            if k in os.environ
+        }
+        return passed | self.env
+
+    def identity(self) -> tuple:
+        """What the server runs, without where it listens: equal for A and B means A/A."""
+        args = []
+        skip = False
+        for part in self.argv:
+            if skip:
+                skip = False
+                continue
+            if part in ("--port", "--host", "--name"):
+                skip = True
+                continue
+            args.append(part)
+        return (
+            self.kind,
+            tuple(args),
+            tuple(sorted(self.env.items())),
+            self.base_url if self.kind == "url" else "",
+        )
+
+    def describe(self) -> str:
+        env = (
+            " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
+            if self.kind == "local"
+            else ""
+        )
+        cmd = shlex.join(self.argv) if self.argv else f"(already running at {self.base_url})"
+        nice = f"(nice {self.nice}) " if self.nice else ""
+        passed = (
+            f" [host env passed: {', '.join(self.pass_env)}]"
+            if self.pass_env and self.kind == "local"
+            else ""
+        )
+        return f"[{self.variant}] {nice}{env + ' ' if env else ''}{cmd}{passed}"
+
+
+def serve_args(profile: Profile, model: str, port: int) -> list[str]:
+    topo = profile.topology
+    args = [
+        "--model",
+        model,
+        "--host",
+        profile.server.host,
+        "--port",
+        str(port),
+        "--max-model-len",
+        str(profile.max_model_len),
+        "--tensor-parallel-size",
+        str(topo.tp),
+        "--pipeline-parallel-size",
+        str(topo.pp),
+    ]
+    if profile.served_model_name:
+        args += ["--served-model-name", profile.served_model_name]
+    if profile.dtype:
+        args += ["--dtype", profile.dtype]
+    if profile.kv_cache_dtype:
+        args += ["--kv-cache-dtype", profile.kv_cache_dtype]
+    if profile.speculative:
+        args += [
+            "--speculative-config",
+            json.dumps(profile.speculative, sort_keys=True),
+            "--per-request-spec-decode-metrics",
+            "summary",
+        ]
+    if topo.ray:
+        args += ["--distributed-executor-backend", "ray"]
+    return args + HARNESS_FLAGS + list(profile.serve_flags)
+
+
+def serve_env(profile: Profile, variant: str) -> dict[str, str]:
+    env = {"VLLM_SERVER_DEV_MODE": "1"}  # /reset_prefix_cache and /server_info
+    if profile.topology.pp_partition:
+        env["VLLM_PP_LAYER_PARTITION"] = ",".join(map(str, profile.topology.pp_partition))
+    return env | profile.env | profile.server.env | profile.server.variant_env.get(variant, {})
+
+
+def container_name(run_id: str, variant: str, session: int) -> str:
+    return f"deepinfer-bench-{run_id}-{variant.lower()}{session}"
+
+
+def local_command(profile: Profile, variant: str) -> list[str]:
+    srv = profile.server
+    command = srv.commands.get(variant) or srv.command
+    return [sys.executable if part == "{python}" else part for part in command]
+
+
+def build_launch(profile: Profile, variant: str, model: str, run_id: str, session: int) -> Launch:
+    srv = profile.server
+    if srv.mode == "url":
+        return Launch(variant, "url", srv.urls[variant].rstrip("/"))
+    port = srv.ports[variant]
+    base_url = f"http://{srv.host}:{port}"
+    args = serve_args(profile, model, port)
+    env = serve_env(profile, variant)
+    if srv.mode == "local":
+        return Launch(
+            variant,
+            "local",
+            base_url,
+            local_command(profile, variant) + args,
+            env,
+            args,
+            nice=srv.nice,
+            pass_env=tuple(srv.pass_env),
+        )
+    name = container_name(run_id, variant, session)
+    docker = ["docker", "run", "--rm", "--name", name, "--gpus", "all", "--ipc=host", "--network=host"]
+    if model.startswith("/"):  # a local checkpoint is mounted at the same path; a hub id is not
+        docker += ["-v", f"{model}:{model}:ro"]
+    for key, value in sorted(env.items()):
+        docker += ["-e", f"{key}={value}"]
+    for key in srv.pass_env:  # `-e NAME` copies the host's value into the container
+        docker += ["-e", key]
+    image = srv.images[variant]
+    docker += [*srv.docker_args, "--entrypoint", "vllm", image, "serve", *args]
+    return Launch(
+        variant,
+        "docker",
+        base_url,
+        docker,
+        env,
+        args,
+        ["docker", "rm", "-f", name],
+        srv.nice,
+        tuple(srv.pass_env),
+        image,
+    )

@@ -1,0 +1,210 @@
+"""The one server lifecycle: start, health wait with progress, liveness, log capture, kill.
+
+`serving(launches, …)` starts every launch, waits for each to answer /health (failing fast if the
+process exits, with the log's own cause), yields the handles and always tears them down: the
+whole process group gets SIGTERM, then SIGKILL after a grace period, and `stop_argv` (e.g.
+`docker rm -f`) runs. URL mode only waits for health and never stops anything. Liveness is the
+process status *and* the health endpoint, since the process status lags a dead engine.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from deepinfer_harness.run.launch import Launch
+
+_KV_LINE = re.compile(
+    r"KV cache size: ([\d,]+) tokens, Maximum concurrency for ([\d,]+) tokens per "
+    r"request: ([\d.]+)x"
+)
+_KEEP_LINES = (
+    re.compile(r"non-default args: (\{.*\})"),
+    re.compile(r"Initializing a V1 LLM engine \((v[^)]+)\) with config: (.*)"),
+    re.compile(r"Using (\S+) attention backend"),
+)
+_CAUSE = re.compile(r"(Error|Exception|error:|ERROR|Traceback|No such file|not found|denied)")
+ONE_MILLION_TOKENS = 1_048_576
+HEALTH_RETRY_S = 1.0
+WaitCallback = Callable[[Launch, float, str], None]
+
+
+class ServerDied(RuntimeError):
+    pass
+
+
+@dataclass
+class ServerHandle:
+    launch: Launch
+    log_path: Path | None
+    proc: subprocess.Popen | None = None
+    started: float = field(default_factory=time.monotonic)
+
+    @property
+    def base_url(self) -> str:
+        return self.launch.base_url
+
+    def exited(self) -> bool:
+        return self.proc is not None and self.proc.poll() is not None
+
+    def alive(self) -> bool:
+        """Process running (when we own it) and /health answering 200 (one retry: a busy server)."""
+        if self.exited():
+            return False
+        if health_ok(self.base_url):
+            return True
+        time.sleep(HEALTH_RETRY_S)
+        return not self.exited() and health_ok(self.base_url)
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path and self.log_path.exists() else ""
+
+    def log_facts(self) -> dict:
+        return parse_log(self.log_text())
+
+    def last_log_line(self) -> str:
+        lines = [ln.strip() for ln in self.log_text().splitlines() if ln.strip()]
+        return lines[-1][:160] if lines else ""
+
+    def cause(self) -> str:
+        """The log line most likely to say why the server stopped (last error-looking line)."""
+        lines = [ln.strip() for ln in self.log_text().splitlines() if ln.strip()]
+        hits = [ln for ln in lines if _CAUSE.search(ln) and not ln.startswith("Traceback")]
+        return (hits[-1] if hits else (lines[-1] if lines else "(empty log)"))[:300]
+
+
+def parse_log(text: str) -> dict:
+    """KV capacity (tokens and ×1M windows) and the provenance lines kept from a startup log."""
+    facts: dict = {}
+    if m := _KV_LINE.search(text):
+        tokens = int(m.group(1).replace(",", ""))
+        facts["kv_cache"] = {
+            "kv_cache_size_tokens": tokens,
+            "max_model_len": int(m.group(2).replace(",", "")),
+            "kv_cache_max_concurrency": float(m.group(3)),
+            "windows_1m": round(tokens / ONE_MILLION_TOKENS, 3),
+        }
+    if m := _KEEP_LINES[0].search(text):
+        facts["non_default_args"] = m.group(1)
+    if m := _KEEP_LINES[1].search(text):
+        facts["engine_version"] = m.group(1)
+        spec = re.search(r"speculative_config=(.*?)(?:, tokenizer=|$)", m.group(2))
+        facts["speculative_config"] = spec.group(1) if spec else None
+    if m := _KEEP_LINES[2].search(text):
+        facts["attention_backend"] = m.group(1)
+    return facts
+
+
+def health_ok(base_url: str, timeout_s: float = 2.0) -> bool:
+    try:
+        with urllib.request.urlopen(f"{base_url}/health", timeout=timeout_s) as resp:
+            return resp.status == 200
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+def wait_healthy(
+    handle: ServerHandle, timeout_s: float, on_wait: WaitCallback | None = None, poll_s: float = 0.5
+) -> None:
+    start = time.monotonic()
+    deadline = start + timeout_s
+    where = f"server {handle.launch.variant} ({handle.base_url})"
+    while time.monotonic() < deadline:
+        if handle.exited():
+            assert handle.proc is not None
+            raise ServerDied(
+                f"{where} exited with {handle.proc.returncode} before becoming healthy: "
+                f"{handle.cause()} (log: {handle.log_path})"
+            )
+        if health_ok(handle.base_url):
+            return
+        if on_wait:
+            on_wait(handle.launch, time.monotonic() - start, handle.last_log_line())
+        time.sleep(poll_s)  # polling a health endpoint: there is no event to wait on
+    last = handle.last_log_line() if handle.log_path else "no log (attached by URL)"
+    raise TimeoutError(f"{where} not healthy after {timeout_s:.0f} s; last log line: {last}")
+
+
+def stop(handle: ServerHandle, grace_s: float = 15.0) -> None:
+    proc = handle.proc
+    if proc is not None and proc.poll() is None:
+        for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                proc.wait(timeout=wait_s)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+    if proc is not None:
+        try:  # children that outlived the leader (engine core, workers) share its group
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    if handle.launch.stop_argv:
+        subprocess.run(handle.launch.stop_argv, check=False, capture_output=True)
+
+
+def start(launch: Launch, log_path: Path | None) -> ServerHandle:
+    if launch.kind == "url":
+        return ServerHandle(launch, None)
+    assert log_path is not None, "a launched server needs a log file"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("ab") as log:
+        proc = subprocess.Popen(
+            launch.argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=launch.process_env(),
+            start_new_session=True,
+            preexec_fn=_niceness(launch.nice),
+        )
+    if launch.nice:
+        _nice_autogroup(proc.pid, launch.nice)
+    return ServerHandle(launch, log_path, proc)
+
+
+def _niceness(nice: int) -> Callable[[], None] | None:
+    return (lambda: os.nice(nice)) if nice else None
+
+
+def _nice_autogroup(pid: int, nice: int) -> None:
+    """With sched_autogroup_enabled, CPU is shared per session first and nice only ranks tasks
+    inside a session; the server's new session must be niced as a group, or on a 2-core host
+    it stalls the client's event loop for 100+ ms (measured: p99 lag 65 ms → 1.2 ms at C=4)."""
+    try:
+        Path(f"/proc/{pid}/autogroup").write_text(str(nice))
+    except OSError:
+        pass  # no autogroup support: per-process nice alone applies
+
+
+@contextmanager
+def serving(
+    launches: list[Launch],
+    log_for: Callable[[Launch], Path | None],
+    timeout_s: float,
+    on_wait: WaitCallback | None = None,
+) -> Iterator[dict[str, ServerHandle]]:
+    """Start every launch at once, then wait for each; tear all down on exit (Ctrl-C included)."""
+    handles: dict[str, ServerHandle] = {}
+    try:
+        for launch in launches:
+            handles[launch.variant] = start(launch, log_for(launch))
+        for handle in handles.values():
+            wait_healthy(handle, timeout_s, on_wait)
+        yield handles
+    finally:
+        for handle in handles.values():
+            stop(handle)

@@ -1,0 +1,285 @@
+"""`run`: the only stage that touches servers. Sessions in ABBA order, cells in one fixed order.
+
+Resume: a run (cell, variant, rep) whose summary exists and is valid is skipped; an invalid or
+partial one is moved to attempts/ and re-run; `resume_plan` says which and why before anything
+starts. If the server dies mid-cell, the finished requests stay in the JSONL, that cell is
+summarized as invalid and the session ends. A server that does not come up stops the whole run
+(the next start would fail the same way): its runs are reported missing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gzip
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from deepinfer_harness.analysis.reader import RunReader
+from deepinfer_harness.analysis.run_summary import summary_of
+from deepinfer_harness.config import Profile
+from deepinfer_harness.layout import RunKey, RunLayout, read_json, write_json
+from deepinfer_harness.plan import CellDef, Session
+from deepinfer_harness.records import JsonlWriter
+from deepinfer_harness.run.cell import CellContext
+from deepinfer_harness.run.client import make_session
+from deepinfer_harness.run.launch import Launch, build_launch
+from deepinfer_harness.run.looplag import LoopLagProbe
+from deepinfer_harness.run.progress import Progress
+from deepinfer_harness.run.provenance import collect_variant, ensure_corpus, gpu_facts
+from deepinfer_harness.run.recipes import RECIPES
+from deepinfer_harness.run.server import ServerDied, ServerHandle, serving
+
+GPU_SAMPLE_S = 2.0
+
+
+@dataclass
+class RunOptions:
+    run_id: str
+    model: str
+    served_model: str
+    progress: Progress = field(default_factory=lambda: Progress(enabled=False))
+
+    def say(self, line: str) -> None:
+        self.progress.say(line)
+
+
+@dataclass
+class RunOutcome:
+    provenance: dict[str, Any]
+    failures: list[str] = field(default_factory=list)  # sessions that could not run, with the cause
+
+
+def limits_of(profile: Profile) -> dict[str, float]:
+    return asdict(profile.validity)
+
+
+def resume_plan(layout: RunLayout, sessions: list[Session], cells: list[CellDef]) -> dict[str, list[RunKey]]:
+    """Every scheduled run by what resuming will do with it: skip (valid), redo (invalid or
+    partial: set aside to attempts/ first) or new."""
+    plan: dict[str, list[RunKey]] = {"valid": [], "invalid": [], "partial": [], "none": []}
+    for s in sessions:
+        for c in cells:
+            key = RunKey(c.id, s.variant, s.rep)
+            plan[layout.state(key)].append(key)
+    return plan
+
+
+def describe_resume(run_id: str, plan: dict[str, list[RunKey]]) -> list[str]:
+    total = sum(len(v) for v in plan.values())
+    if len(plan["valid"]) == total:
+        return [
+            f"run {run_id} is complete: all {total} runs are finished and valid, none is re-run; "
+            "the report is re-derived from its files"
+        ]
+    lines = [
+        f"resuming run {run_id}: {len(plan['valid'])} of {total} runs finished and valid (skipped), "
+        f"{len(plan['invalid'])} invalid and {len(plan['partial'])} partial (set aside to attempts/ "
+        f"and re-run), {len(plan['none'])} not started"
+    ]
+    lines += [
+        f"  re-run {k}: {why}"
+        for why, keys in (("invalid", plan["invalid"]), ("partial", plan["partial"]))
+        for k in keys[:10]
+    ]
+    return lines
+
+
+async def _sample_gpus(samples: list[list[dict[str, str]]]) -> None:
+    """nvidia-smi every GPU_SAMPLE_S during the cell (in a thread: it takes ~50 ms)."""
+    while True:
+        samples.append(await asyncio.to_thread(gpu_facts))
+        await asyncio.sleep(GPU_SAMPLE_S)
+
+
+async def _run_cell(ctx: CellContext) -> None:
+    gpu_samples: list[list[dict[str, str]]] = []
+    sampler = asyncio.create_task(_sample_gpus(gpu_samples)) if shutil.which("nvidia-smi") else None
+    try:
+        await ctx.idle_gate()  # parses /metrics (~40 ms of CPU): done before the lag probe starts
+        async with LoopLagProbe() as probe:
+            try:
+                await RECIPES[ctx.cdef.cell.kind](ctx)
+            finally:
+                ctx.facts["loop_lag"] = probe.summary()
+    finally:
+        if sampler:
+            sampler.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sampler
+            ctx.facts["gpus"] = gpu_samples
+
+
+def _save_cell(ctx: CellContext, layout: RunLayout, profile: Profile) -> dict:
+    key = ctx.key
+    for label, text in ctx.facts.pop("metrics_text", {}).items():
+        with gzip.open(layout.run_file(key, f"metrics.{label}.prom.gz"), "wt") as fh:
+            fh.write(text)  # ~50 KB of histogram buckets per scrape; gzip keeps results/ small
+    facts = ctx.facts | {
+        "violations": ctx.violations,
+        "session": ctx.session,
+        "definition_sha256": ctx.cdef.definition_sha256,
+        "min_steps": ctx.cdef.min_steps,
+    }
+    write_json(layout.run_file(key, "cell.json"), facts)
+    summary = summary_of(RunReader(layout), key, limits_of(profile))
+    write_json(layout.run_file(key, "summary.json"), summary)
+    return summary
+
+
+async def run_session(
+    profile: Profile,
+    layout: RunLayout,
+    session: Session,
+    cells: list[CellDef],
+    handle: ServerHandle,
+    opts: RunOptions,
+) -> dict:
+    """Run every unfinished cell of one session against one healthy server; returns provenance."""
+    todo = [c for c in cells if not layout.finished(RunKey(c.id, session.variant, session.rep))]
+    async with make_session(max(c.cell.concurrency for c in cells) + 2, profile.read_timeout_s) as http:
+        facts = await collect_variant(http, handle, opts.served_model)
+        corpus = await ensure_corpus(http, handle.base_url, opts.served_model, layout.corpus)
+        for i, cdef in enumerate(todo):
+            key = RunKey(cdef.id, session.variant, session.rep)
+            if not await asyncio.to_thread(handle.alive):
+                opts.say(
+                    f"server {session.variant} is down before {key}; session {session.index} ends, "
+                    f"{len(todo) - i} runs not run"
+                )
+                break
+            layout.retire(key)
+            t0 = time.monotonic()
+            with JsonlWriter(layout.run_file(key, "jsonl")) as writer:
+                ctx = CellContext(
+                    http,
+                    handle.base_url,
+                    opts.served_model,
+                    opts.run_id,
+                    session.variant,
+                    session.rep,
+                    session.index,
+                    corpus,
+                    writer,
+                    cdef,
+                    opts.progress,
+                    profile.validity.reset_prefix_cache,
+                )
+                await _run_cell(ctx)
+            alive = await asyncio.to_thread(handle.alive)  # health, not only the (lagging) process status
+            if not alive:
+                ctx.violations.append("server died during the cell")
+            summary = _save_cell(ctx, layout, profile)
+            facts.setdefault("system_fingerprint", summary.get("system_fingerprint"))
+            state = (
+                "valid"
+                if summary["validity"]["valid"]
+                else "INVALID: " + "; ".join(summary["validity"]["violations"][:2])
+            )
+            opts.say(f"{key} ({i + 1}/{len(todo)}, {time.monotonic() - t0:.1f} s): {state}")
+            if not alive:
+                opts.say(
+                    f"server {session.variant} died: {handle.cause() if handle.log_path else 'health fails'}"
+                    f"; session {session.index} ends, {len(todo) - i - 1} runs not run"
+                )
+                break
+    return facts
+
+
+def run_all(
+    profile: Profile, layout: RunLayout, sessions: list[Session], cells: list[CellDef], opts: RunOptions
+) -> RunOutcome:
+    """Run (or resume) every session; returns per-session provenance for the manifest."""
+    timeout = profile.server.health_timeout_s
+    provenance: dict = read_json(layout.manifest).get("sessions", {}) if layout.manifest.exists() else {}
+    outcome = RunOutcome(provenance)
+
+    def pending(s: Session) -> bool:
+        return any(not layout.finished(RunKey(c.id, s.variant, s.rep)) for c in cells)
+
+    def record(s: Session, launch: Launch, facts: dict) -> None:
+        provenance[str(s.index)] = {
+            "variant": s.variant,
+            "rep": s.rep,
+            "started_at": time.time(),
+            "argv": launch.argv,
+            "serve_args": launch.serve_args,
+            "env": launch.recorded_env(),
+            "base_url": launch.base_url,
+            **facts,
+        }
+
+    def log_for(session: int) -> Any:
+        return lambda launch: layout.server_log(launch.variant, session) if launch.kind != "url" else None
+
+    todo = [s for s in sessions if pending(s)]
+    if profile.server.schedule == "concurrent" and todo:
+        launches = {v: build_launch(profile, v, opts.model, opts.run_id, 0) for v in ("A", "B")}
+        opts.say(f"starting servers A and B (health timeout {timeout:.0f} s)")
+        try:
+            with serving(list(launches.values()), log_for(0), timeout, opts.progress.waiting) as handles:
+                opts.say("servers A and B healthy")
+                for s in todo:
+                    opts.say(f"session {s.index} ({s.variant}.r{s.rep}): traffic to the running server")
+                    facts = asyncio.run(run_session(profile, layout, s, cells, handles[s.variant], opts))
+                    record(s, launches[s.variant], facts)
+        except (ServerDied, TimeoutError) as exc:
+            outcome.failures.append(str(exc))
+            opts.say(f"servers not up: {exc}")
+        return outcome
+    for n, s in enumerate(todo):
+        launch = build_launch(profile, s.variant, opts.model, opts.run_id, s.index)
+        what = "attaching to" if launch.kind == "url" else "starting"
+        opts.say(
+            f"session {s.index} ({s.variant}.r{s.rep}, {n + 1}/{len(todo)}): {what} server {s.variant} "
+            f"at {launch.base_url}"
+        )
+        t0 = time.monotonic()
+        try:
+            with serving([launch], log_for(s.index), timeout, opts.progress.waiting) as handles:
+                opts.say(f"server {s.variant} healthy after {time.monotonic() - t0:.0f} s")
+                facts = asyncio.run(run_session(profile, layout, s, cells, handles[s.variant], opts))
+                record(s, launch, facts)
+        except (ServerDied, TimeoutError) as exc:  # its cells stay missing and are reported as such
+            outcome.failures.append(f"session {s.index} ({s.variant}): {exc}")
+            rest = len(todo) - n - 1
+            opts.say(f"session {s.index} ({s.variant}) not run: {exc}")
+            if rest:
+                opts.say(
+                    f"stopping: the other {rest} sessions would start the same way; fix the cause and "
+                    f"resume with --run-id {opts.run_id}"
+                )
+            break
+    return outcome
+
+
+def dry_run_lines(
+    profile: Profile, sessions: list[Session], cells: list[CellDef], model: str, run_id: str, out: Path
+) -> list[str]:
+    lines = [
+        f"# run {run_id} → {out}",
+        f"# cells (one fixed order): {' '.join(c.id for c in cells)}",
+        f"# {'A/A (declared: ab.aa)' if profile.ab.aa else 'A/B'}; only the env shown (and PATH, HOME, "
+        "locale, TMPDIR) reaches a local server",
+    ]
+    a, b = (build_launch(profile, v, model, run_id, 0) for v in ("A", "B"))
+    if a.identity() == b.identity() and not profile.ab.aa:
+        lines.append("# WARNING: A and B launch the same thing; a real run refuses this unless ab.aa: true")
+    concurrent = profile.server.schedule == "concurrent"
+    if concurrent:
+        lines.append("# schedule concurrent: both arms start once; sessions alternate traffic")
+        lines += [build_launch(profile, v, model, run_id, 0).describe() for v in ("A", "B")]
+    for s in sessions:
+        launch = build_launch(profile, s.variant, model, run_id, 0 if concurrent else s.index)
+        lines.append(f"# session {s.index}: variant {s.variant} rep {s.rep}")
+        if not concurrent:
+            lines.append(launch.describe())
+        for c in cells:
+            lines.append(
+                f"  client: {c.id} → POST {launch.base_url}/v1/completions "
+                f"(C={c.cell.concurrency}, n={c.n}, def {c.definition_sha256[:12]})"
+            )
+    return lines
