@@ -12,8 +12,6 @@ scatter can sit inside a CUDA-graph-captured forward; the torch reference is the
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
@@ -180,8 +178,9 @@ def scatter_records(
 
 
 def _kernel_runs(cache: torch.Tensor) -> bool:
-    """The Triton kernel on CUDA tensors or under TRITON_INTERPRET=1; plain CPU uses the reference."""
-    return cache.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
+    """The Triton kernel on CUDA tensors, or on CPU when it was defined under TRITON_INTERPRET=1; else the
+    reference (a plain CPU process that imported us without the interpreter)."""
+    return cache.is_cuda or type(_pp_records_kernel).__name__ == "InterpretedFunction"
 
 
 NUM_WARPS = 4

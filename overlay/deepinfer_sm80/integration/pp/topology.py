@@ -186,3 +186,20 @@ def _getter(config: Mapping[str, Any] | Any) -> Any:
         return default
 
     return get_attr
+
+
+def v41_flash_fields() -> dict[str, Any]:
+    """DeepSeek-V4.1-Flash's sharing-topology fields as its config.json states them (for tests and docs;
+    the engine always reads the checkpoint's own config)."""
+    return {
+        "num_hidden_layers": 40,
+        "compress_ratios": [0, 0] + [2] * 18 + [1] * 20 + [0] * 3,
+        "kv_source_layer_ids": [2, 8, 14, 20],
+        "index_source_layer_ids": [2, 8, 14, 20, 24, 28, 32, 36],
+        "candidate_source_layer_id": 20,
+        "candidate_topk_blocks": 2048,
+        "index_topk": 512,
+        "index_head_dim": 128,
+        "hidden_size": 5120,
+        "hc_mult": 4,
+    }
