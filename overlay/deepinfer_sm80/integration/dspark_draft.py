@@ -20,7 +20,6 @@ from deepinfer_sm80.ops.dspark_draft.kernel import LOGIT_DTYPES
 _SCRATCH_ATTR = "_deepinfer_dspark_scratch"
 
 
-
 def markov_table(spec: Any) -> torch.Tensor | None:
     """markov_w1's weight [V, R] when the draft model exposes DSpark's Markov head, else None."""
     head = getattr(getattr(getattr(spec, "model", None), "model", None), "markov_head", None)
@@ -38,7 +37,10 @@ def unsupported(spec: Any, head_hidden: torch.Tensor) -> str | None:
         return "acceptance estimator reads every position's logits"
     if getattr(spec, "draft_watermarker", None) is not None:
         return "watermarked draft sampling"
-    if getattr(spec, "_d2t_scatter_index", None) is not None or getattr(spec.model, "draft_id_to_target_id", None) is not None:
+    if (
+        getattr(spec, "_d2t_scatter_index", None) is not None
+        or getattr(spec.model, "draft_id_to_target_id", None) is not None
+    ):
         return "reduced draft vocabulary"
     if spec.draft_logits is not None and getattr(spec, "use_fp64_gumbel", False):
         return "fp64 Gumbel noise"

@@ -248,40 +248,44 @@ class DraftInputs:
 def draft_inputs(
     kind: str, B: int, K: int, V: int, R: int, gen: torch.Generator, *, device: str | torch.device = "cpu"
 ) -> DraftInputs:
-    """Logits of `kind` (DRAFT_KINDS): exact ties, constant rows, NaN rows, -inf biases, T = 0 / padding."""
+    """Logits of `kind` (DRAFT_KINDS): exact ties, constant rows, NaN rows, -inf biases, T = 0 / padding.
+
+    Drawn on the generator's device (a CUDA generator keeps the 66 MB Markov head off the host).
+    """
     if kind not in DRAFT_KINDS:
         raise ValueError(f"draft input kind {kind!r} not in {DRAFT_KINDS}")
     slots = B + 3
-    base = torch.randn(B, K, V, generator=gen) * 3
-    bias = torch.randn(B, K, V, generator=gen)
+    g = _draw_device(gen)
+    base = torch.randn(B, K, V, generator=gen, device=g) * 3
+    bias = torch.randn(B, K, V, generator=gen, device=g)
     if kind == "ties":  # a handful of values: many exact maxima per row, spread over blocks
-        base = torch.randint(0, 4, (B, K, V), generator=gen).float()
-        bias = torch.zeros(B, K, V)
+        base = torch.randint(0, 4, (B, K, V), generator=gen, device=g).float()
+        bias = torch.zeros(B, K, V, device=g)
     elif kind == "all-equal":
-        base = torch.full((B, K, V), 1.5)
-        bias = torch.zeros(B, K, V)
+        base = torch.full((B, K, V), 1.5, device=g)
+        bias = torch.zeros(B, K, V, device=g)
     elif kind == "nan-rows":  # row 0 all NaN, odd rows a few NaNs, the rest clean
         base[0] = float("nan")
-        pick = torch.rand(B, K, V, generator=gen) < 0.002
+        pick = torch.rand(B, K, V, generator=gen, device=g) < 0.002
         pick[0::2] = False
         base[pick] = float("nan")
     elif kind == "neg-inf-bias":  # -inf over most columns, one row entirely -inf
-        bias[torch.rand(B, K, V, generator=gen) < 0.9] = float("-inf")
+        bias[torch.rand(B, K, V, generator=gen, device=g) < 0.9] = float("-inf")
         bias[-1] = float("-inf")
-    temperature = torch.rand(slots, generator=gen) * 1.5 + 0.1
-    idx_map = torch.randperm(slots, generator=gen)[:B][:, None].expand(B, K).clone()  # [B, K]
+    temperature = torch.rand(slots, generator=gen, device=g) * 1.5 + 0.1
+    idx_map = torch.randperm(slots, generator=gen, device=g)[:B][:, None].expand(B, K).clone()  # [B, K]
     if kind == "temp0-and-padding":
         temperature[idx_map[0::3, 0]] = 0.0
         idx_map[1::4] = -1
-    seeds = torch.randint(-(1 << 62), 1 << 62, (slots,), generator=gen)
-    start = torch.randint(0, 5000, (B, 1), generator=gen)
-    sample_pos = start + torch.arange(K)[None, :] + 1  # [B, K]
-    w1 = torch.randn(V, R, generator=gen) * 0.5
-    w2 = torch.randn(V, R, generator=gen) * 0.05
+    seeds = torch.randint(-(1 << 62), 1 << 62, (slots,), generator=gen, device=g)
+    start = torch.randint(0, 5000, (B, 1), generator=gen, device=g)
+    sample_pos = start + torch.arange(K, device=g)[None, :] + 1  # [B, K]
+    w1 = torch.randn(V, R, generator=gen, device=g) * 0.5
+    w2 = torch.randn(V, R, generator=gen, device=g) * 0.05
     bf = torch.bfloat16
     return DraftInputs(
         base_logits=base.to(bf).to(device), bias=bias.to(bf).to(device),
-        anchor=torch.randint(0, V, (B,), generator=gen).to(device), markov_w1=w1.to(bf).to(device),
+        anchor=torch.randint(0, V, (B,), generator=gen, device=g).to(device), markov_w1=w1.to(bf).to(device),
         markov_w2=w2.to(bf).to(device), idx_map=idx_map.to(device), sample_pos=sample_pos.to(device),
         temperature=temperature.to(device), seeds=seeds.to(device),
     )  # fmt: skip

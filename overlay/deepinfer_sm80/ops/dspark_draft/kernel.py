@@ -164,13 +164,17 @@ def _draft_step_kernel(
     if arrived == NUM_BLOCKS - 1:
         k = tl.arange(0, PART_BLOCK)
         k_ok = k < NUM_BLOCKS
-        vals = tl.load(part_val_ptr + b * part_stride + k, mask=k_ok, other=float("-inf"), cache_modifier=".cg")
+        vals = tl.load(
+            part_val_ptr + b * part_stride + k, mask=k_ok, other=float("-inf"), cache_modifier=".cg"
+        )
         k_nan = vals != vals
         first_nan = tl.min(tl.where(k_nan & k_ok, k, PART_BLOCK), axis=0)
         clean = tl.where(k_nan, float("-inf"), vals)
         _, first_top = tl.max(clean, axis=0, return_indices=True)
         pick = tl.where(first_nan < PART_BLOCK, first_nan, first_top)
-        token = vocab_start + tl.load(part_idx_ptr + b * part_stride + pick, cache_modifier=".cg").to(tl.int64)
+        token = vocab_start + tl.load(part_idx_ptr + b * part_stride + pick, cache_modifier=".cg").to(
+            tl.int64
+        )
         tl.store(tok_ptr + b * tok_stride, token)
         if WRITE_BEST:
             tl.store(best_ptr + b, tl.load(part_val_ptr + b * part_stride + pick, cache_modifier=".cg"))
@@ -241,7 +245,10 @@ def draft_step(
     """
     B, V = base.shape
     _need(base.dtype in LOGIT_DTYPES, f"base must be bf16 or fp32, got {base.dtype}")
-    _need(bias.shape == base.shape and bias.dtype == base.dtype, f"bias must be {tuple(base.shape)} {base.dtype}")
+    _need(
+        bias.shape == base.shape and bias.dtype == base.dtype,
+        f"bias must be {tuple(base.shape)} {base.dtype}",
+    )
     _need(base.stride(1) == 1 and bias.stride(1) == 1, "base and bias need unit column stride")
     _need(tokens_out.dtype == torch.int64 and tokens_out.shape == (B,), f"tokens_out must be [{B}] int64")
     blocks = triton.cdiv(V, SAMPLE_BLOCK)
@@ -253,7 +260,9 @@ def draft_step(
     if gumbel:
         for name, t, dtype in (("idx_map", idx_map, torch.int64), ("sample_pos", sample_pos, torch.int64)):
             _need(t is not None and t.dtype == dtype and t.shape == (B,), f"{name} must be [{B}] {dtype}")
-        _need(temperature is not None and temperature.dtype == torch.float32, "temperature must be fp32 [slots]")
+        _need(
+            temperature is not None and temperature.dtype == torch.float32, "temperature must be fp32 [slots]"
+        )
         _need(seeds is not None and seeds.dtype == torch.int64, "seeds must be int64 [slots]")
     if logits_cache is not None:
         _need(gumbel, "logits_cache is written in Gumbel mode only (upstream's greedy path keeps none)")
@@ -262,11 +271,17 @@ def draft_step(
     fetch = markov_w1 is not None
     if fetch:
         _need(row_out is not None, "markov_w1 needs row_out")
-        _need(vocab_start == 0 and markov_w1.shape[0] == V, "the Markov row is fetched only over the whole vocabulary")
+        _need(
+            vocab_start == 0 and markov_w1.shape[0] == V,
+            "the Markov row is fetched only over the whole vocabulary",
+        )
         _need(markov_w1.stride(1) == 1 and row_out.stride(1) == 1 and row_out.dtype == markov_w1.dtype,
               "markov_w1 and row_out need unit column stride and one dtype")  # fmt: skip
         _need(row_out.shape == (B, markov_w1.shape[1]), f"row_out must be [{B}, {markov_w1.shape[1]}]")
-        _need(triton.next_power_of_2(markov_w1.shape[1]) == markov_w1.shape[1], "Markov rank must be a power of 2")
+        _need(
+            triton.next_power_of_2(markov_w1.shape[1]) == markov_w1.shape[1],
+            "Markov rank must be a power of 2",
+        )
     if best_out is not None:
         _need(best_out.dtype == torch.float32 and best_out.shape == (B,), f"best_out must be [{B}] fp32")
     if B == 0:
@@ -313,7 +328,9 @@ def _spec(name: str, vocab: int, gumbel: bool, fetch: bool) -> CompileSpec:
         "RANK": 256 if fetch else 1, "ROUND_BF16": True, "GUMBEL": gumbel, "WRITE_CACHE": gumbel, "FETCH_ROW": fetch,
         "WRITE_BEST": not fetch,
     }  # fmt: skip
-    return CompileSpec(f"dspark_draft.{name}", _draft_step_kernel, _SIG, constexprs, NUM_WARPS, divisible_by_16=_ALIGNED)
+    return CompileSpec(
+        f"dspark_draft.{name}", _draft_step_kernel, _SIG, constexprs, NUM_WARPS, divisible_by_16=_ALIGNED
+    )
 
 
 COMPILE_SPECS = (
