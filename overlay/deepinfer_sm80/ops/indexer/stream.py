@@ -1,0 +1,499 @@
+"""The optimized indexer: logits streamed over key chunks into a running top-k, bounded workspace.
+
+Per call, rows go in blocks of R and row-local columns in chunks of C. A Triton kernel scores one
+chunk and writes int64 selection keys (select.py: score << 32 | ~column) behind the K = 512 keys kept
+so far, `buf[R, K + C]`; one integer top-k keeps the best K. Keys are unique, so the result is
+deterministic (ties: lowest column). Layer 20 also keeps its best 2048 block keys the same way
+(`bbuf[R, 2048 + C/8]`). Layers 24..36 score only their candidate columns (<= 2048·8 per row).
+
+Workspace (bytes) = R·(K + C)·8 + R·K·16  [+ R·(2048 + C/8)·8 + R·2048·16 for layer 20], with R and
+C chosen so it stays under `workspace_bytes` (default 128 MiB) whatever the context length
+(docs/INDEXER.md). The gathered K itself (132 B per key, upstream's workspace) is not counted.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from deepinfer_sm80.formats.indexer_k import CANDIDATE_BLOCKS, CODE_BYTES, INDEX_DIM, check_k_cache
+from deepinfer_sm80.ops.indexer.logits import _as_u8, decode_rows, e4m3_to_f16_scaled
+from deepinfer_sm80.ops.indexer.select import INVALID_KEY, keys_to_columns
+from deepinfer_sm80.registry import CompileSpec
+
+WORKSPACE_BYTES = 128 << 20
+_INVALID = tl.constexpr(INVALID_KEY)
+_UNDO = tl.constexpr(65536.0)
+
+
+# ----------------------------------------------------------------------------- device helpers
+@triton.jit
+def score_key(v, col, valid):
+    """int64 selection key of fp32 scores v at int32 columns col (broadcastable); INVALID where not valid."""
+    v = tl.where(v == 0.0, 0.0, v)  # -0 == +0
+    bits = v.to(tl.int32, bitcast=True)
+    ordered = bits ^ ((bits >> 31) & 0x7FFFFFFF)
+    ordered = tl.where(v != v, 0x7FFFFFFF, ordered)  # NaN first, as torch.topk
+    low = (~col).to(tl.uint32, bitcast=True).to(tl.int64)  # 2^32 - 1 - col
+    key = (ordered.to(tl.int64) << 32) | low
+    return tl.where(valid, key, _INVALID)
+
+
+@triton.jit
+def _max_nan(a, b):
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def _store_block_keys(
+    blk_ptr, blk_stride, r, r_ok, logit, valid, j0, length, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BS: tl.constexpr
+):
+    """Layer 20's block keys of one [BLOCK_M, BLOCK_N] tile starting at row-local column j0 (a multiple of BS)."""
+    nb: tl.constexpr = BLOCK_N // BS
+    lm = tl.where(valid, logit, float("-inf"))
+    bmax = tl.reduce(tl.reshape(lm, (BLOCK_M, nb, BS)), 2, _max_nan)  # [BLOCK_M, nb]
+    b = j0 // BS + tl.arange(0, nb)
+    newest = b[None, :] == ((length - 1) // BS)[:, None]
+    bmax = tl.where(newest, float("inf"), bmax)
+    bvalid = (b[None, :] * BS) < length[:, None]
+    keys = score_key(bmax, b[None, :], bvalid)
+    ptrs = blk_ptr + r.to(tl.int64)[:, None] * blk_stride + b[None, :]
+    tl.store(ptrs, keys, mask=r_ok[:, None])
+
+
+# ----------------------------------------------------------------------------- prefill chunk
+@triton.jit
+def _prefill_keys_kernel(
+    q_ptr,  # uint8 [M, H, D]
+    w_ptr,  # fp32 [M, H]
+    w_stride,
+    k_ptr,  # uint8 [N, D]
+    kscale_ptr,  # fp32 [N]
+    cu_ks_ptr,
+    cu_ke_ptr,
+    row0,
+    nrows,
+    c0,  # first row-local column of this chunk
+    keys_ptr,  # int64 [R, KEEP + C]: this chunk's keys go at KEEP + (j - c0)
+    keys_stride,
+    blk_ptr,  # int64 [R, KEEP_BLOCKS + C / BS] (WRITE_BLOCKS)
+    blk_stride,
+    HEADS: tl.constexpr,
+    D: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    TILES: tl.constexpr,
+    KEEP: tl.constexpr,
+    KEEP_BLOCKS: tl.constexpr,
+    BS: tl.constexpr,
+    WRITE_BLOCKS: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    r = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    r_ok = r < nrows
+    grow = row0 + r
+    ks = tl.load(cu_ks_ptr + grow, mask=r_ok, other=0)
+    ke = tl.load(cu_ke_ptr + grow, mask=r_ok, other=0)
+    length = tl.where(r_ok, tl.maximum(ke - ks, 0), 0)
+    maxlen = tl.max(length, axis=0)
+    ks_first = tl.min(tl.where(r_ok, ks, 2147483647), axis=0)
+    uniform = ks_first == tl.max(tl.where(r_ok, ks, -2147483647), axis=0)
+    qh = (row0 + pid_m * BLOCK_M) * HEADS + tl.arange(0, BLOCK_M * HEADS)
+    qh_ok = tl.arange(0, BLOCK_M * HEADS) < (nrows - pid_m * BLOCK_M) * HEADS
+    d = tl.arange(0, D)
+    q = e4m3_to_f16_scaled(tl.load(q_ptr + qh.to(tl.int64)[:, None] * D + d[None, :], mask=qh_ok[:, None], other=0))
+    w = tl.load(w_ptr + (qh // HEADS).to(tl.int64) * w_stride + qh % HEADS, mask=qh_ok, other=0.0)
+    h = tl.arange(0, HEADS)
+    mi = tl.arange(0, BLOCK_M)
+    for t in range(TILES):
+        j0 = (tl.program_id(1) * TILES + t) * BLOCK_N  # offset inside the chunk
+        j = c0 + j0 + tl.arange(0, BLOCK_N)  # row-local columns
+        valid = j[None, :] < length[:, None]
+        if c0 + j0 < maxlen:
+            if uniform:
+                n = ks_first + j
+                kt = tl.load(k_ptr + n.to(tl.int64)[None, :] * D + d[:, None], mask=(j < maxlen)[None, :], other=0)
+                s = tl.dot(q, e4m3_to_f16_scaled(kt), out_dtype=tl.float32)
+                s = tl.maximum(s, 0.0) * w[:, None]
+                logit = tl.sum(tl.reshape(s, (BLOCK_M, HEADS, BLOCK_N)), axis=1)
+                kscale = tl.load(kscale_ptr + n, mask=j < maxlen, other=0.0) * _UNDO
+                logit = logit * kscale[None, :]
+            else:  # rows of different requests: one 32-row MMA per query
+                logit = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                for m in range(BLOCK_M):
+                    ks_m = tl.sum(tl.where(mi == m, ks, 0), axis=0)
+                    len_m = tl.sum(tl.where(mi == m, length, 0), axis=0)
+                    n = ks_m + j
+                    kt = tl.load(k_ptr + n.to(tl.int64)[None, :] * D + d[:, None], mask=(j < len_m)[None, :], other=0)
+                    qm_row = (row0 + pid_m * BLOCK_M + m).to(tl.int64)
+                    m_ok = pid_m * BLOCK_M + m < nrows
+                    qm = tl.load(q_ptr + (qm_row * HEADS + h[:, None]) * D + d[None, :], mask=m_ok, other=0)
+                    wm = tl.load(w_ptr + qm_row * w_stride + h, mask=m_ok, other=0.0)
+                    sm = tl.dot(e4m3_to_f16_scaled(qm), e4m3_to_f16_scaled(kt), out_dtype=tl.float32)
+                    lm = tl.sum(tl.maximum(sm, 0.0) * wm[:, None], axis=0)
+                    lm = lm * (tl.load(kscale_ptr + n, mask=j < len_m, other=0.0) * _UNDO)
+                    logit = tl.where(mi[:, None] == m, lm[None, :], logit)
+            keys = score_key(logit, j[None, :], valid)
+        else:
+            logit = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            keys = tl.full((BLOCK_M, BLOCK_N), INVALID_KEY, tl.int64)
+        ptrs = keys_ptr + r.to(tl.int64)[:, None] * keys_stride + KEEP + j0 + tl.arange(0, BLOCK_N)[None, :]
+        tl.store(ptrs, keys, mask=r_ok[:, None])
+        if WRITE_BLOCKS:
+            _store_block_keys(
+                blk_ptr + KEEP_BLOCKS - c0 // BS, blk_stride, r, r_ok, logit, valid, c0 + j0, length,
+                BLOCK_M, BLOCK_N, BS,
+            )  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- decode chunk (paged)
+@triton.jit
+def _paged_keys_kernel(
+    q_ptr,  # uint8 [R, H, D]
+    w_ptr,
+    w_stride,
+    cache_ptr,
+    page_stride,
+    block_size,
+    bt_ptr,
+    bt_stride,
+    len_ptr,  # int32 [R]
+    req_ptr,
+    c0,
+    keys_ptr,
+    keys_stride,
+    blk_ptr,
+    blk_stride,
+    HEADS: tl.constexpr,
+    D: tl.constexpr,
+    NEXT_N: tl.constexpr,
+    HAS_REQ: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    TILES: tl.constexpr,
+    KEEP: tl.constexpr,
+    KEEP_BLOCKS: tl.constexpr,
+    BS: tl.constexpr,
+    WRITE_BLOCKS: tl.constexpr,
+):
+    row = tl.program_id(0)
+    length = tl.load(len_ptr + row)
+    if HAS_REQ:
+        req = tl.load(req_ptr + row)
+    else:
+        req = row // NEXT_N
+    h = tl.arange(0, HEADS)
+    d = tl.arange(0, D)
+    q = e4m3_to_f16_scaled(tl.load(q_ptr + (row.to(tl.int64) * HEADS + h[:, None]) * D + d[None, :]))
+    w = tl.load(w_ptr + row.to(tl.int64) * w_stride + h)
+    one = tl.arange(0, 1)
+    for t in range(TILES):
+        j0 = (tl.program_id(1) * TILES + t) * BLOCK_N
+        j = c0 + j0 + tl.arange(0, BLOCK_N)
+        valid = j < length
+        if c0 + j0 < length:
+            blk = tl.load(bt_ptr + req.to(tl.int64) * bt_stride + (c0 + j0) // block_size)
+            page = cache_ptr + blk.to(tl.int64) * page_stride
+            off = (c0 + j0) % block_size + tl.arange(0, BLOCK_N)
+            kt = tl.load(page + off[None, :] * D + d[:, None])
+            s = tl.dot(q, e4m3_to_f16_scaled(kt), out_dtype=tl.float32)
+            logit = tl.sum(tl.maximum(s, 0.0) * w[:, None], axis=0)
+            logit = logit * (tl.load((page + block_size * D + off * 4).to(tl.pointer_type(tl.float32))) * _UNDO)
+            keys = score_key(logit, j, valid)
+        else:
+            logit = tl.zeros((BLOCK_N,), dtype=tl.float32)
+            keys = tl.full((BLOCK_N,), INVALID_KEY, tl.int64)
+        tl.store(keys_ptr + row.to(tl.int64) * keys_stride + KEEP + j0 + tl.arange(0, BLOCK_N), keys)
+        if WRITE_BLOCKS:
+            _store_block_keys(
+                blk_ptr + KEEP_BLOCKS - c0 // BS, blk_stride, row + one, one == 0, logit[None, :], valid[None, :],
+                c0 + j0, length + one * 0, 1, BLOCK_N, BS,
+            )  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- candidate-only scoring
+@triton.jit
+def _candidate_keys_kernel(
+    q_ptr,
+    w_ptr,
+    w_stride,
+    k_ptr,  # PAGED: page pool; else uint8 [N, D]
+    kscale_ptr,  # not PAGED: fp32 [N]
+    page_stride,
+    block_size,
+    bt_ptr,
+    bt_stride,
+    start_ptr,  # not PAGED: int32 ks per row
+    len_ptr,  # int32 row lengths
+    req_ptr,
+    row0,
+    cand_ptr,  # int32 [rows, NCAND] row-local block ids, -1 = none
+    cand_stride,
+    keys_ptr,
+    keys_stride,
+    HEADS: tl.constexpr,
+    D: tl.constexpr,
+    NEXT_N: tl.constexpr,
+    HAS_REQ: tl.constexpr,
+    PAGED: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    TILES: tl.constexpr,
+    KEEP: tl.constexpr,
+    BS: tl.constexpr,
+):
+    r = tl.program_id(0)
+    row = row0 + r
+    length = tl.load(len_ptr + row)
+    h = tl.arange(0, HEADS)
+    d = tl.arange(0, D)
+    q = e4m3_to_f16_scaled(tl.load(q_ptr + (row.to(tl.int64) * HEADS + h[:, None]) * D + d[None, :]))
+    w = tl.load(w_ptr + row.to(tl.int64) * w_stride + h)
+    for t in range(TILES):
+        slot = (tl.program_id(1) * TILES + t) * BLOCK_N + tl.arange(0, BLOCK_N)
+        blk = tl.load(cand_ptr + row.to(tl.int64) * cand_stride + slot // BS)
+        col = blk * BS + slot % BS  # row-local column
+        valid = (blk >= 0) & (col < length)
+        if PAGED:
+            if HAS_REQ:
+                req = tl.load(req_ptr + row)
+            else:
+                req = row // NEXT_N
+            pblk = tl.load(bt_ptr + req.to(tl.int64) * bt_stride + col // block_size, mask=valid, other=0)
+            page = k_ptr + pblk.to(tl.int64) * page_stride
+            off = col % block_size
+            kt = tl.load(page[None, :] + off[None, :] * D + d[:, None], mask=valid[None, :], other=0)
+            kscale = tl.load((page + block_size * D + off * 4).to(tl.pointer_type(tl.float32)), mask=valid, other=0.0)
+        else:
+            n = tl.load(start_ptr + row) + col
+            kt = tl.load(k_ptr + n.to(tl.int64)[None, :] * D + d[:, None], mask=valid[None, :], other=0)
+            kscale = tl.load(kscale_ptr + n, mask=valid, other=0.0)
+        s = tl.dot(q, e4m3_to_f16_scaled(kt), out_dtype=tl.float32)
+        logit = tl.sum(tl.maximum(s, 0.0) * w[:, None], axis=0) * (kscale * _UNDO)
+        tl.store(keys_ptr + r.to(tl.int64) * keys_stride + KEEP + slot, score_key(logit, col, valid))
+
+
+# ----------------------------------------------------------------------------- host side
+BLOCK_M = 4  # prefill queries per program (a 128-row MMA when they share ks)
+BLOCK_N = 64
+TILES = 8
+SPAN = BLOCK_N * TILES  # columns per program; chunks are multiples of it
+CHUNK_MAX = 1 << 16
+NUM_WARPS = 4
+_ORDERED_NEG_INF = -2139095041  # ordered_int32(-inf)
+
+
+def workspace_per_row(chunk: int, keep: int, keep_blocks: int, block_size: int) -> int:
+    """Bytes one row costs: its keys buffer (kept + chunk) and torch.topk's values/indices output."""
+    size = (keep + chunk) * 8 + keep * 16
+    if keep_blocks:
+        size += (keep_blocks + chunk // block_size) * 8 + keep_blocks * 16
+    return size
+
+
+def plan(rows: int, longest: int, keep: int, keep_blocks: int, block_size: int, workspace_bytes: int,
+         row_multiple: int = BLOCK_M, chunk_max: int = CHUNK_MAX) -> tuple[int, int]:  # fmt: skip
+    """(row block R, chunk C): C a multiple of SPAN covering `longest` if it can, R as large as fits."""
+    chunk = min(triton.cdiv(max(longest, 1), SPAN) * SPAN, chunk_max)
+    per_row = workspace_per_row(chunk, keep, keep_blocks, block_size)
+    r = max(row_multiple, workspace_bytes // per_row // row_multiple * row_multiple)
+    return min(r, triton.cdiv(rows, row_multiple) * row_multiple), chunk
+
+
+def _merge(buf: torch.Tensor, nr: int, keep: int) -> None:
+    buf[:nr, :keep] = torch.topk(buf[:nr], keep, dim=1, sorted=False).values
+
+
+def _finish(buf: torch.Tensor, nr: int, keep: int) -> torch.Tensor:
+    return torch.sort(buf[:nr, :keep], dim=1, descending=True).values
+
+
+def _blocks_out(keys: torch.Tensor) -> torch.Tensor:
+    ids = keys_to_columns(keys)
+    return torch.where((keys >> 32) == _ORDERED_NEG_INF, torch.full_like(ids, -1), ids)
+
+
+def _check_common(q8: torch.Tensor, weights: torch.Tensor, topk_indices: torch.Tensor, rows: int) -> None:
+    heads = q8.shape[-2]
+    if weights.shape != (rows, heads) or weights.dtype != torch.float32 or weights.stride(1) != 1:
+        raise ValueError(f"weights must be fp32 [{rows}, {heads}] with unit last stride, got {tuple(weights.shape)}")
+    if topk_indices.dtype != torch.int32 or topk_indices.dim() != 2 or topk_indices.shape[0] != rows:
+        raise ValueError(f"topk_indices must be int32 [{rows}, topk], got {topk_indices.dtype} {tuple(topk_indices.shape)}")
+
+
+def _check_candidates(cand: torch.Tensor, rows: int, block_size: int) -> None:
+    if cand.dtype != torch.int32 or cand.dim() != 2 or cand.shape[0] < rows or cand.stride(1) != 1:
+        raise ValueError(f"candidate_blocks must be int32 [{rows}, n] with unit last stride, got {tuple(cand.shape)}")
+    if SPAN % block_size or BLOCK_N % block_size:
+        raise ValueError(f"candidate_block_size {block_size} must divide {BLOCK_N}")
+
+
+def indexer_topk_prefill(
+    q8: torch.Tensor,
+    weights: torch.Tensor,
+    k8: torch.Tensor,
+    kscale: torch.Tensor,
+    cu_seqlen_ks: torch.Tensor,
+    cu_seqlen_ke: torch.Tensor,
+    topk_indices: torch.Tensor,
+    *,
+    candidate_blocks: torch.Tensor | None = None,
+    candidate_block_size: int = 8,
+    candidate_write: bool = False,
+    workspace_bytes: int = WORKSPACE_BYTES,
+    chunk_max: int = CHUNK_MAX,
+) -> None:
+    """Top-k of one prefill chunk's indexer rows without the dense [M, N] logits (docs/INDEXER.md).
+
+    q8 [M, H, 128]; weights fp32 [M, H]; k8 [N, 128]; kscale fp32 [N] (or [N, 1]); ks/ke int32 [M];
+    topk_indices int32 [M, topk] gets row-local columns (relative to ks), best first, -1 padded.
+    One host sync (the row lengths) sizes the chunk loop.
+    """
+    q8, k8 = _as_u8(q8), _as_u8(k8)
+    m = q8.shape[0]
+    if q8.dim() != 3 or q8.shape[2] != INDEX_DIM or not q8.is_contiguous():
+        raise ValueError(f"q8 must be contiguous [M, H, {INDEX_DIM}], got {tuple(q8.shape)}")
+    if k8.dim() != 2 or k8.shape[1] != CODE_BYTES or not k8.is_contiguous():
+        raise ValueError(f"k8 must be contiguous [N, {CODE_BYTES}], got {tuple(k8.shape)}")
+    _check_common(q8, weights, topk_indices, m)
+    kscale = kscale.reshape(-1).contiguous()
+    keep = topk_indices.shape[1]
+    if m == 0:
+        return
+    lengths = (cu_seqlen_ke.long() - cu_seqlen_ks.long()).clamp_min(0).cpu()
+    heads = q8.shape[1]
+    dev = q8.device
+    if candidate_blocks is not None:
+        _check_candidates(candidate_blocks, m, candidate_block_size)
+    if candidate_blocks is not None and not candidate_write:
+        ncols = candidate_blocks.shape[1] * candidate_block_size
+        if ncols % SPAN:
+            raise ValueError(f"{candidate_blocks.shape[1]} candidate blocks of {candidate_block_size} is not a multiple of {SPAN} columns")
+        r_blk, _ = plan(m, ncols, keep, 0, candidate_block_size, workspace_bytes, 1, ncols)
+        buf = torch.empty((r_blk, keep + ncols), dtype=torch.int64, device=dev)
+        for r0 in range(0, m, r_blk):
+            nr = min(r_blk, m - r0)
+            buf[:nr, :keep].fill_(INVALID_KEY)
+            _candidate_keys_kernel[(nr, ncols // SPAN)](
+                q8, weights, weights.stride(0), k8, kscale, 0, 1, buf, 0, cu_seqlen_ks,
+                (cu_seqlen_ke - cu_seqlen_ks).clamp_min(0).to(torch.int32), buf, r0,
+                candidate_blocks, candidate_blocks.stride(0), buf, buf.stride(0),
+                HEADS=heads, D=INDEX_DIM, NEXT_N=1, HAS_REQ=False, PAGED=False, BLOCK_N=BLOCK_N,
+                TILES=TILES, KEEP=keep, BS=candidate_block_size, num_warps=NUM_WARPS,
+            )  # fmt: skip
+            _merge(buf, nr, keep)
+            topk_indices[r0 : r0 + nr] = keys_to_columns(_finish(buf, nr, keep))
+        return
+    keep_blocks = candidate_blocks.shape[1] if candidate_blocks is not None else 0
+    r_blk, chunk = plan(m, int(lengths.max()), keep, keep_blocks, candidate_block_size, workspace_bytes,
+                        chunk_max=chunk_max)  # fmt: skip
+    buf = torch.empty((r_blk, keep + chunk), dtype=torch.int64, device=dev)
+    bbuf = torch.empty((r_blk, keep_blocks + chunk // candidate_block_size) if keep_blocks else (1, 1),
+                       dtype=torch.int64, device=dev)  # fmt: skip
+    for r0 in range(0, m, r_blk):
+        nr = min(r_blk, m - r0)
+        longest = int(lengths[r0 : r0 + nr].max())
+        buf[:nr, :keep].fill_(INVALID_KEY)
+        if keep_blocks:
+            bbuf[:nr, :keep_blocks].fill_(INVALID_KEY)
+        for c0 in range(0, max(longest, 1), chunk):
+            _prefill_keys_kernel[(triton.cdiv(nr, BLOCK_M), chunk // SPAN)](
+                q8, weights, weights.stride(0), k8, kscale, cu_seqlen_ks, cu_seqlen_ke, r0, nr, c0,
+                buf, buf.stride(0), bbuf, bbuf.stride(0),
+                HEADS=heads, D=INDEX_DIM, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, TILES=TILES, KEEP=keep,
+                KEEP_BLOCKS=keep_blocks, BS=candidate_block_size, WRITE_BLOCKS=keep_blocks > 0,
+                num_warps=NUM_WARPS,
+            )  # fmt: skip
+            _merge(buf, nr, keep)
+            if keep_blocks:
+                _merge(bbuf, nr, keep_blocks)
+        topk_indices[r0 : r0 + nr] = keys_to_columns(_finish(buf, nr, keep))
+        if candidate_blocks is not None:
+            candidate_blocks[r0 : r0 + nr] = _blocks_out(_finish(bbuf, nr, keep_blocks))
+
+
+def indexer_topk_decode(
+    q8: torch.Tensor,
+    weights: torch.Tensor,
+    kv_cache: torch.Tensor,
+    context_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    max_model_len: int,
+    topk_indices: torch.Tensor,
+    *,
+    candidate_blocks: torch.Tensor | None = None,
+    candidate_block_size: int = 8,
+    candidate_write: bool = False,
+    indices: torch.Tensor | None = None,
+    workspace_bytes: int = WORKSPACE_BYTES,
+) -> None:
+    """Top-k of the decode rows, paged, without the dense [rows, max_model_len] logits.
+
+    q8 [B, next_n, H, 128]; weights fp32 [B·next_n, H]; kv_cache uint8 [blocks, bs, (1,) 132];
+    context_lens int32 [B] or [B, next_n]; topk_indices int32 [B·next_n, topk] gets request-local
+    columns, best first, -1 padded. No host sync: the chunk loop depends on max_model_len only, so
+    the call can be captured in a CUDA graph.
+    """
+    q8, lens, req, next_n = decode_rows(q8, context_lens, indices)
+    rows, heads, _ = q8.shape
+    _check_common(q8, weights, topk_indices, rows)
+    block_size = check_k_cache(kv_cache)
+    if block_size % BLOCK_N:
+        raise ValueError(f"block_size {block_size} must be a multiple of {BLOCK_N}")
+    keep = topk_indices.shape[1]
+    if rows == 0:
+        return
+    dev = q8.device
+    req_arg = req if req is not None else lens
+    if candidate_blocks is not None:
+        _check_candidates(candidate_blocks, rows, candidate_block_size)
+    if candidate_blocks is not None and not candidate_write:
+        ncols = candidate_blocks.shape[1] * candidate_block_size
+        if ncols % SPAN:
+            raise ValueError(f"{ncols} candidate columns is not a multiple of {SPAN}")
+        buf = torch.empty((rows, keep + ncols), dtype=torch.int64, device=dev)
+        buf[:, :keep].fill_(INVALID_KEY)
+        _candidate_keys_kernel[(rows, ncols // SPAN)](
+            q8, weights, weights.stride(0), kv_cache, lens, kv_cache.stride(0), block_size,
+            block_tables, block_tables.stride(0), lens, lens, req_arg, 0,
+            candidate_blocks, candidate_blocks.stride(0), buf, buf.stride(0),
+            HEADS=heads, D=INDEX_DIM, NEXT_N=next_n, HAS_REQ=req is not None, PAGED=True, BLOCK_N=BLOCK_N,
+            TILES=TILES, KEEP=keep, BS=candidate_block_size, num_warps=NUM_WARPS,
+        )  # fmt: skip
+        _merge(buf, rows, keep)
+        topk_indices.copy_(keys_to_columns(_finish(buf, rows, keep)))
+        return
+    keep_blocks = candidate_blocks.shape[1] if candidate_blocks is not None else 0
+    per_col = 8 + (8 // candidate_block_size if keep_blocks else 0)
+    fixed = keep * 24 + (keep_blocks * 24 if keep_blocks else 0)
+    chunk = (workspace_bytes // rows - fixed) // per_col // SPAN * SPAN
+    chunk = max(SPAN, min(chunk, triton.cdiv(max_model_len, SPAN) * SPAN))
+    buf = torch.empty((rows, keep + chunk), dtype=torch.int64, device=dev)
+    bbuf = torch.empty((rows, keep_blocks + chunk // candidate_block_size) if keep_blocks else (1, 1),
+                       dtype=torch.int64, device=dev)  # fmt: skip
+    buf[:, :keep].fill_(INVALID_KEY)
+    if keep_blocks:
+        bbuf[:, :keep_blocks].fill_(INVALID_KEY)
+    for c0 in range(0, max(max_model_len, 1), chunk):
+        _paged_keys_kernel[(rows, chunk // SPAN)](
+            q8, weights, weights.stride(0), kv_cache, kv_cache.stride(0), block_size,
+            block_tables, block_tables.stride(0), lens, req_arg, c0, buf, buf.stride(0), bbuf, bbuf.stride(0),
+            HEADS=heads, D=INDEX_DIM, NEXT_N=next_n, HAS_REQ=req is not None, BLOCK_N=BLOCK_N, TILES=TILES,
+            KEEP=keep, KEEP_BLOCKS=keep_blocks, BS=candidate_block_size, WRITE_BLOCKS=keep_blocks > 0,
+            num_warps=NUM_WARPS,
+        )  # fmt: skip
+        _merge(buf, rows, keep)
+        if keep_blocks:
+            _merge(bbuf, rows, keep_blocks)
+    topk_indices.copy_(keys_to_columns(_finish(buf, rows, keep)))
+    if candidate_blocks is not None:
+        candidate_blocks[:rows] = _blocks_out(_finish(bbuf, rows, keep_blocks))
+
+
+def decode_workspace_bytes(rows: int, max_model_len: int, keep: int, keep_blocks: int = 0, block_size: int = 8,
+                           workspace_bytes: int = WORKSPACE_BYTES) -> int:  # fmt: skip
+    """The bound the decode path stays under (the formula in the module docstring)."""
+    per_col = 8 + (8 // block_size if keep_blocks else 0)
+    fixed = keep * 24 + keep_blocks * 24
+    chunk = (workspace_bytes // rows - fixed) // per_col // SPAN * SPAN
+    chunk = max(SPAN, min(chunk, triton.cdiv(max_model_len, SPAN) * SPAN))
+    return rows * workspace_per_row(chunk, keep, keep_blocks, block_size)
