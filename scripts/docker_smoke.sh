@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# `make image-smoke`: a real build of both image targets on a machine with no registry and no GPU.
+#   1. a base image made here (debootstrap + docker import; Debian has no CUDA toolkit, which the
+#      precompiled path does not need), 2. `make image VLLM_BUILD=precompiled` on it, self-tests
+#      included, 3. `vllm serve --help` through each image's ENTRYPOINT, the OCI labels checked against
+#      the pin file and the patch set, 4. the harness's `--dry-run` docker commands for both tags, each
+#      run with `--help` in place of the serve arguments (no GPU here, so without `--gpus`).
+# Writes .cache/image-smoke/{smoke.log,summary.json}; docker/README.md quotes them.
+# Env: DOCKER (default /usr/bin/docker, Debian's client: BuildKit without buildx), SMOKE_SUITE
+# (trixie), SMOKE_IMAGE_NAME (deepinfer-sm80-smoke), SMOKE_PYTHON (3.13, trixie's).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+DOCKER=${DOCKER:-/usr/bin/docker}
+SUITE=${SMOKE_SUITE:-trixie}
+NAME=${SMOKE_IMAGE_NAME:-deepinfer-sm80-smoke}
+PY_VERSION=${SMOKE_PYTHON:-3.13}
+BASE=deepinfer-local/debian:$SUITE
+VLLM_VERSION=$(sed -n "s/^VLLM_VERSION=//p" docker/versions.env)
+OUT=.cache/image-smoke
+mkdir -p "$OUT"
+exec > >(tee "$OUT/smoke.log") 2>&1
+
+step() { echo "== $(date -u +%H:%M:%S) $*"; }
+die() { echo "image-smoke: $*" >&2; exit 1; }
+
+"$DOCKER" info >/dev/null 2>&1 || die "no Docker daemon answers $DOCKER (apt-get install docker.io; start dockerd)"
+
+step "base image $BASE"
+if ! "$DOCKER" image inspect "$BASE" >/dev/null 2>&1; then
+    command -v debootstrap >/dev/null || die "debootstrap missing (apt-get install debootstrap)"
+    root=$(mktemp -d /var/tmp/deepinfer-base.XXXXXX)
+    debootstrap --variant=minbase --include=ca-certificates "$SUITE" "$root" http://deb.debian.org/debian
+    tar -C "$root" -c . | "$DOCKER" import - "$BASE"
+    rm -rf "$root"
+fi
+
+extra=(--build-arg "BASE_IMAGE=$BASE" --build-arg "PYTHON_VERSION=$PY_VERSION" --progress=plain)
+# A TLS-inspecting proxy's CA (this machine's bundle), lent to pip as a build secret, never a layer.
+if [ -s /etc/ssl/certs/ca-certificates.crt ]; then
+    extra+=(--secret id=pip_ca,src=/etc/ssl/certs/ca-certificates.crt)
+fi
+
+step "make image VLLM_BUILD=precompiled"
+start=$(date +%s)
+make -o .venv/.stamp image DOCKER="$DOCKER" VLLM_BUILD=precompiled IMAGE_NAME="$NAME" IMAGE_EXTRA="${extra[*]}"
+build_s=$(( $(date +%s) - start ))
+
+step "labels, sizes, vllm serve --help"
+patches_sha=$(bash docker/patchset_hash.sh patches)
+declare -A size
+for target in baseline deepinfer; do
+    image="$NAME:$target"
+    size[$target]=$("$DOCKER" image inspect --format '{{.Size}}' "$image")
+    labels=$("$DOCKER" image inspect --format '{{json .Config.Labels}}' "$image")
+    echo "$image: $(( ${size[$target]} / 1000000 )) MB, labels $labels"
+    for want in "\"ai.deepinfer.patches-sha256\":\"$patches_sha\"" \
+                "\"ai.deepinfer.vllm-version\":\"$VLLM_VERSION\"" \
+                "\"ai.deepinfer.vllm-build\":\"precompiled\""; do
+        grep -qF "$want" <<<"$labels" || die "$image: label $want missing"
+    done
+    help=$("$DOCKER" run --rm "$image" --help 2>&1) || die "$image: vllm serve --help failed: ${help: -400}"
+    grep -q -- "--tensor-parallel-size" <<<"$help" || die "$image: vllm serve --help lacks --tensor-parallel-size"
+    echo "$image: vllm serve --help ok ($(wc -l <<<"$help") lines)"
+done
+
+step "harness --dry-run against the tags"
+dry=$(.venv/bin/python -m deepinfer_harness bench-ab --profile a100x8-tp8 --model /models/DeepSeek-V4.1-Flash \
+      --image "A=$NAME:baseline" --image "B=$NAME:deepinfer" --dry-run --no-progress --results "$OUT/results" 2>&1) \
+    || die "harness --dry-run failed: ${dry: -600}"
+ran=0
+for target in baseline deepinfer; do
+    line=$(grep -m1 -E "^docker run .* $NAME:$target " <<<"$dry") || die "harness --dry-run printed no docker run for $NAME:$target"
+    echo "harness: $line"
+    # the harness's own command up to the image and serve module, `--help` for the serve arguments;
+    # --gpus dropped: there is no GPU (nor NVIDIA runtime) on this machine
+    read -r -a argv <<<"${line%% $NAME:$target *}"
+    rest=${line#* $NAME:$target }
+    read -r -a module <<<"$rest"
+    cmd=("$DOCKER" "${argv[@]:1}" "$NAME:$target" "${module[@]:0:2}" --help)
+    cleaned=()
+    skip_next=0
+    for word in "${cmd[@]}"; do
+        if [ $skip_next = 1 ]; then skip_next=0; continue; fi
+        case "$word" in --gpus) skip_next=1; continue ;; -v) ;; esac
+        cleaned+=("$word")
+    done
+    echo "run: ${cleaned[*]}"
+    out=$("${cleaned[@]}" 2>&1) || die "harness command for $target failed: ${out: -400}"
+    grep -q -- "--tensor-parallel-size" <<<"$out" || die "harness command for $target: no serve help"
+    ran=$((ran + 1))
+done
+
+cat >"$OUT/summary.json" <<EOF
+{"what": "make image-smoke: VLLM_BUILD=precompiled on $BASE (Python $PY_VERSION), both targets",
+ "date": "$(date -u +%FT%TZ)", "host_cpus": $(nproc), "build_wall_s": $build_s,
+ "image_bytes": {"baseline": ${size[baseline]}, "deepinfer": ${size[deepinfer]}},
+ "patches_sha256": "$patches_sha", "git_rev": "$(git rev-parse HEAD)", "harness_commands_run": $ran}
+EOF
+cat "$OUT/summary.json"
+echo "image-smoke: passed in ${build_s} s of build"
