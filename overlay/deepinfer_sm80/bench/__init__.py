@@ -10,6 +10,8 @@ import pkgutil
 
 
 def bench_modules() -> tuple[str, ...]:
+    """Modules of this package that define `main` (helpers without one, or named `_x`, are skipped)."""
     pkg = importlib.import_module(__name__)
-    names = (m.name for m in pkgutil.iter_modules(pkg.__path__, prefix=f"{__name__}."))
-    return tuple(n for n in sorted(names) if not n.rsplit(".", 1)[1].startswith("_"))
+    names = sorted(m.name for m in pkgutil.iter_modules(pkg.__path__, prefix=f"{__name__}."))
+    public = [n for n in names if not n.rsplit(".", 1)[1].startswith("_")]
+    return tuple(n for n in public if callable(getattr(importlib.import_module(n), "main", None)))
