@@ -1,0 +1,297 @@
+"""mHC boundaries: the torch spec on its own, against upstream's torch references, the split selector,
+the sm_80 cross-compile, and (on a GPU) our TileLang kernels against the spec and upstream's kernels.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+from deepinfer_sm80.ops.mhc import TILELANG_SPECS, splits
+from deepinfer_sm80.ops.mhc import reference as ref
+from deepinfer_sm80.ops.mhc.inputs import V41_PARAMS, boundary_inputs
+from deepinfer_sm80.testing.compare import assert_bitwise_equal, assert_close
+from deepinfer_sm80.testing.gates import requires_cuda
+from deepinfer_sm80.testing.inputs import generator, seed_note
+from deepinfer_sm80.testing.shapes import V41
+from deepinfer_sm80.testing.tilelang_compile import tilelang_missing_reason
+
+P = V41_PARAMS
+HIDDEN = V41.hidden
+SMALL_H = 1024  # CPU reference cases: the boundary is per token, so a short row exercises every step
+OTHER_HIDDEN = (4096, 7168)  # other DeepSeek hidden sizes the selector must align for
+SM_COUNTS = (82, 84, 108, 132)  # RTX 3090, RTX A6000, A100/A800, H200
+UPSTREAM_TORCH = importlib.util.find_spec("vllm") is not None
+
+
+def _run(
+    inp,
+    *,
+    fused: bool,
+    first: bool = False,
+    pre: bool = True,
+    norm: bool = True,
+    aux: bool = False,
+    dtype=torch.float32,
+):
+    return ref.boundary(
+        inp.residual if not first else inp.x.unsqueeze(1).expand(-1, 4, -1).contiguous(),
+        inp.fn if not first else inp.fn_broadcast,
+        inp.hc_scale,
+        inp.hc_base,
+        P,
+        x=inp.x if fused else None,
+        post=inp.post if fused else None,
+        comb=inp.comb if fused else None,
+        pre_mix=inp.pre_mix if pre and not first else None,
+        gemm_input=inp.x if first else None,
+        norm_weight=inp.norm_weight if norm else None,
+        capture_aux=aux,
+        dtype=dtype,
+    )
+
+
+# ----------------------------------------------------------------------------- the reference on its own
+@pytest.mark.parametrize("num_tokens", [1, 7, 1000])
+def test_sinkhorn_is_doubly_stochastic(num_tokens):
+    name = f"sinkhorn-T{num_tokens}"
+    logits = torch.randn(num_tokens, 4, 4, generator=generator(name))  # O(1), as the gates produce
+    comb = ref.sinkhorn(logits, P.hc_sinkhorn_eps, P.sinkhorn_repeat)
+    # the last step divides by (colsum + eps): columns are 1 within a few eps; 20 iterations bring
+    # rows to 1 within 4e-5 on N(0,1) logits (1000 tokens: 3.7e-5 measured); more for peaked logits
+    assert (comb.sum(-2) - 1).abs().max() < 4e-6, seed_note(name)
+    assert (comb.sum(-1) - 1).abs().max() < 1e-4, seed_note(name)
+    assert (comb > 0).all()
+    c64 = ref.sinkhorn(logits.double(), P.hc_sinkhorn_eps, P.sinkhorn_repeat)
+    assert_close("sinkhorn fp32 vs fp64", comb, c64.float(), abs=1e-6, rel_in_eps=64, why="fp32 rounding")
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_float32_spec_agrees_with_float64(fused):
+    name = f"f64-{fused}"
+    inp = boundary_inputs(name, 6, SMALL_H)
+    o32, o64 = _run(inp, fused=fused), _run(inp, fused=fused, dtype=torch.float64)
+    why = "fp32 vs fp64 accumulation over 4H-term dot products and 20 Sinkhorn iterations"
+    for field in ("post", "comb", "pre_mix"):
+        assert_close(
+            field, getattr(o32, field), getattr(o64, field).float(), abs=1e-6, rel_in_eps=64, why=why
+        )
+    # bf16 boundaries: identical bytes except where fp32 rounding crosses a bf16 midpoint
+    for field in ("residual", "layer_input"):
+        a, b = getattr(o32, field), getattr(o64, field)
+        assert (a != b).float().mean() < 1e-3, f"{field}: {seed_note(name)}"
+
+
+@pytest.mark.skipif(not UPSTREAM_TORCH, reason="vLLM 0.32.0 not installed")
+def test_pre_matches_upstream_torch_reference():
+    from vllm.model_executor.kernels.mhc.torch import mhc_pre_delayed_torch
+
+    name = "upstream-torch-pre"
+    inp = boundary_inputs(name, 5, SMALL_H)
+    mine = _run(inp, fused=False, norm=False)
+    post, comb, layer_input, pre = mhc_pre_delayed_torch(
+        inp.residual, inp.fn, inp.hc_scale, inp.hc_base, *_scalars(), pre_mix=inp.pre_mix
+    )
+    assert_bitwise_equal("post", mine.post, post.squeeze(-1))
+    assert_bitwise_equal("comb", mine.comb, comb)
+    assert_bitwise_equal("pre_mix", mine.pre_mix, pre)
+    assert_bitwise_equal("layer_input", mine.layer_input, layer_input)
+
+
+@pytest.mark.skipif(not UPSTREAM_TORCH, reason="vLLM 0.32.0 not installed")
+def test_post_map_matches_upstream_torch_reference():
+    from vllm.model_executor.kernels.mhc.torch import mhc_post_torch
+
+    inp = boundary_inputs("upstream-torch-post", 4, SMALL_H)
+    theirs = mhc_post_torch(inp.x, inp.residual, inp.post.unsqueeze(-1), inp.comb)
+    mine = ref.post_map(inp.x, inp.residual, inp.post, inp.comb).to(torch.bfloat16)
+    # einsum sums k in another order: a few bf16 roundings differ by one ulp
+    assert_close(
+        "post_map",
+        mine.float(),
+        theirs.float(),
+        abs=0,
+        rel_in_eps=2 * 2**16,
+        why="k order (fp32 ulp -> bf16)",
+    )
+    assert (mine != theirs).float().mean() < 1e-3
+
+
+def test_first_layer_collapse_is_the_embedding():
+    inp = boundary_inputs("first-layer", 3, SMALL_H)
+    out = _run(inp, fused=False, first=True, norm=False)
+    assert_bitwise_equal("layer_input", out.layer_input, inp.x)
+
+
+def test_zero_rows_stay_finite():
+    inp = boundary_inputs("zero-rows", 4, SMALL_H, zero_rows=2)
+    out = _run(inp, fused=False)
+    for field in ("post", "comb", "pre_mix", "layer_input"):
+        assert getattr(out, field).float().isfinite().all(), field
+
+
+def _scalars():
+    return P.rms_eps, P.hc_pre_eps, P.hc_sinkhorn_eps, P.hc_post_mult_value, P.sinkhorn_repeat
+
+
+# ----------------------------------------------------------------------------- split selector
+@pytest.mark.parametrize("hidden", [HIDDEN, *OTHER_HIDDEN])
+@pytest.mark.parametrize("sms", SM_COUNTS)
+def test_split_is_aligned_and_fills_the_gpu(hidden, sms):
+    for t in [*range(1, 70), 127, 128, 1023, 1024, 1536, 4096]:
+        cfg = splits.partials_config(t, hidden, sms)
+        per_split = hidden // cfg.n_splits
+        assert hidden % cfg.n_splits == 0 and per_split % cfg.columns_per_iteration() == 0, (t, cfg)
+        ctas = -(-t // cfg.block_m) * cfg.n_splits
+        assert ctas <= splits.CTAS_PER_SM * sms or cfg.n_splits == 1, (t, cfg)
+
+
+def test_split_at_5120_uses_5x128_columns_at_one_token():
+    cfg = splits.partials_config(1, HIDDEN, 108)
+    assert (cfg.n_splits, HIDDEN // cfg.n_splits) == (40, 128)
+
+
+def test_warmup_list_covers_every_selection():
+    configs = set(splits.configs_for_server(2048, HIDDEN, 108))
+    assert {splits.partials_config(t, HIDDEN, 108) for t in range(1, 2049)} == configs
+
+
+@pytest.mark.parametrize("bad", [dict(num_tokens=0), dict(hidden=5000), dict(sm_count=0)])
+def test_selector_refuses_bad_input(bad):
+    args = dict(num_tokens=4, hidden=HIDDEN, sm_count=108) | bad
+    with pytest.raises(ValueError):
+        splits.partials_config(**args)
+
+
+# ----------------------------------------------------------------------------- cross-compile
+@pytest.mark.skipif(tilelang_missing_reason() is not None, reason=str(tilelang_missing_reason()))
+@pytest.mark.parametrize("which", ["mhc_partials post+pre h5120 bm1", "upstream mhc_fused_tilelang tile_n2"])
+def test_compiles_for_sm80_within_budget(which):
+    from deepinfer_sm80.testing.tilelang_compile import compile_tilelang
+
+    spec = next(s for s in TILELANG_SPECS if s.name.startswith(which))
+    report = compile_tilelang(spec, 80)
+    assert report.regs > 0 and not report.problems, report
+
+
+# ----------------------------------------------------------------------------- GPU: kernels vs spec and upstream
+GPU_TOKENS = [1, 5, 16, 33, 1536]
+TOL = dict(abs=2e-5, rel_in_eps=2**10)  # fp32: sum order over 20480 terms + rsqrtf/expf approximations
+WHY = "split-h partial sums in another order; rsqrtf/expf vs torch's; 20 Sinkhorn divisions"
+
+
+def _bf16_close(name, out, want, frac=2e-3):
+    """bf16 outputs: equal bytes but for one-ulp roundings where the fp32 inputs differed in the last bits."""
+    assert_close(name, out.float(), want.float(), abs=1e-6, rel_in_eps=2**17, why="one bf16 ulp")
+    differ = (out != want).float().mean().item()
+    assert differ < frac, f"{name}: {differ:.2%} of bf16 values differ"
+
+
+@requires_cuda
+@pytest.mark.parametrize("num_tokens", GPU_TOKENS)
+@pytest.mark.parametrize("variant", ["fused", "fused-aux", "first", "pre", "no-norm"])
+def test_kernels_match_spec(num_tokens, variant):
+    from deepinfer_sm80.ops.mhc import boundary as bd
+
+    name = f"gpu-{variant}-T{num_tokens}"
+    inp = boundary_inputs(name, num_tokens, HIDDEN).to("cuda")
+    fused = variant.startswith("fused") or variant == "no-norm"
+    want = _run(
+        inp, fused=fused, first=variant == "first", norm=variant != "no-norm", aux=variant == "fused-aux"
+    )
+    nw = inp.norm_weight if variant != "no-norm" else None
+    if fused:
+        res, post, comb, li, pre, aux = bd.mhc_fused_post_pre_delayed_tilelang(
+            inp.x, inp.residual, inp.post.unsqueeze(-1), inp.comb, inp.fn, inp.hc_scale, inp.hc_base, *_scalars(),
+            pre_mix=inp.pre_mix, norm_weight=nw, norm_eps=P.norm_eps, capture_aux=variant == "fused-aux",
+        )  # fmt: skip
+        assert_bitwise_equal(f"R' {seed_note(name)}", res, want.residual)
+        if variant == "fused-aux":
+            _bf16_close("aux", aux, want.aux)
+    else:
+        first = variant == "first"
+        residual = inp.x.unsqueeze(1).expand(-1, 4, -1).contiguous() if first else inp.residual
+        post, comb, li, pre = bd.mhc_pre_delayed_tilelang(
+            residual, inp.fn_broadcast if first else inp.fn, inp.hc_scale, inp.hc_base, *_scalars(),
+            pre_mix=None if first else inp.pre_mix, x=inp.x if first else None, norm_weight=nw, norm_eps=P.norm_eps,
+        )  # fmt: skip
+    assert_close("post", post.squeeze(-1), want.post, **TOL, why=WHY)
+    assert_close("comb", comb, want.comb, **TOL, why=WHY)
+    assert_close("pre_mix", pre, want.pre_mix, **TOL, why=WHY)
+    _bf16_close(f"layer_input {seed_note(name)}", li, want.layer_input)
+
+
+@requires_cuda
+@pytest.mark.parametrize("num_tokens", [1, 33, 1536])
+def test_post_kernel_is_the_spec(num_tokens):
+    from deepinfer_sm80.ops.mhc import boundary as bd
+
+    inp = boundary_inputs(f"gpu-post-T{num_tokens}", num_tokens, HIDDEN).to("cuda")
+    out = bd.mhc_post_tilelang(inp.x, inp.residual, inp.post.unsqueeze(-1), inp.comb)
+    assert_bitwise_equal("R'", out, ref.post_map(inp.x, inp.residual, inp.post, inp.comb).to(torch.bfloat16))
+
+
+def _upstream_tilelang():
+    try:
+        from vllm.model_executor.kernels.mhc import tilelang as up
+    except Exception as exc:  # no vLLM tree / TileLang on this box
+        pytest.skip(f"upstream TileLang mHC not importable: {exc}")
+    return up
+
+
+@requires_cuda
+@pytest.mark.parametrize("num_tokens", [1, 6, 12, 16, 32, 33, 64, 1536])
+def test_fused_matches_upstream_kernels(num_tokens):
+    up = _upstream_tilelang()
+    from deepinfer_sm80.ops.mhc import boundary as bd
+
+    name = f"gpu-upstream-T{num_tokens}"
+    inp = boundary_inputs(name, num_tokens, HIDDEN).to("cuda")
+    args = (
+        inp.x,
+        inp.residual,
+        inp.post.unsqueeze(-1),
+        inp.comb,
+        inp.fn,
+        inp.hc_scale,
+        inp.hc_base,
+        *_scalars(),
+    )
+    kw = dict(pre_mix=inp.pre_mix, norm_weight=inp.norm_weight, norm_eps=P.norm_eps)
+    theirs = up.mhc_fused_post_pre_delayed_tilelang(*args, **kw)
+    mine = bd.mhc_fused_post_pre_delayed_tilelang(*args, **kw)
+    # R' is the same formula and order in both: bytes equal
+    assert_bitwise_equal("R'", mine[0], theirs[0])
+    # upstream's fused path (T <= 32) projects fp32 R', ours the stored bf16 R' (as its T > 32 path)
+    tol = dict(abs=5e-5, rel_in_eps=2**12)
+    why = "fp32 vs bf16 R' in the projection at T <= 32; split order; approximate rsqrt/exp"
+    for i, field in ((1, "post"), (2, "comb"), (4, "pre_mix")):
+        assert_close(field, mine[i], theirs[i], **tol, why=why)
+    _bf16_close("layer_input", mine[3], theirs[3], frac=5e-3)
+
+
+@requires_cuda
+def test_first_layer_matches_upstream_kernels():
+    up = _upstream_tilelang()
+    from deepinfer_sm80.ops.mhc import boundary as bd
+
+    inp = boundary_inputs("gpu-upstream-first", 8, HIDDEN).to("cuda")
+    residual = inp.x.unsqueeze(1).expand(-1, 4, -1).contiguous()
+    args = (residual, inp.fn_broadcast, inp.hc_scale, inp.hc_base, *_scalars())
+    kw = dict(x=inp.x, norm_weight=inp.norm_weight, norm_eps=P.norm_eps)
+    theirs, mine = up.mhc_pre_delayed_tilelang(*args, **kw), bd.mhc_pre_delayed_tilelang(*args, **kw)
+    for i, field in ((0, "post"), (1, "comb"), (3, "pre_mix")):
+        assert_close(field, mine[i], theirs[i], **TOL, why=WHY)
+    _bf16_close("layer_input", mine[2], theirs[2])
+
+
+@requires_cuda
+def test_post_matches_upstream_kernel():
+    up = _upstream_tilelang()
+    from deepinfer_sm80.ops.mhc import boundary as bd
+
+    inp = boundary_inputs("gpu-upstream-post", 40, HIDDEN).to("cuda")
+    args = (inp.x, inp.residual, inp.post.unsqueeze(-1), inp.comb)
+    assert_bitwise_equal("R'", bd.mhc_post_tilelang(*args), up.mhc_post_tilelang(*args))
