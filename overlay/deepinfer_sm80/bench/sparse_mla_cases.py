@@ -1,0 +1,128 @@
+"""Input builders for sparse MLA decode and prefill (tests and the bench): caches, slot lists, Q, sink, RoPE.
+
+Every draw comes from the caller's generator (`testing.inputs.generator(name)` in tests).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from deepinfer_sm80.formats.fp8_ds_mla import N_GROUPS, token_views
+from deepinfer_sm80.testing.inputs import page_pool
+
+HEAD_DIM = 512
+ROPE_DIM = 64
+
+
+@dataclass
+class DecodeInputs:
+    q: torch.Tensor  # [Tq, H, 512] bf16
+    swa_cache: torch.Tensor  # [blocks, bs, 584] uint8
+    kv_cache: torch.Tensor  # [blocks, bs, 584] uint8
+    swa_dense: torch.Tensor  # [Tq, W_swa] int32, -1 padded
+    swa_lens: torch.Tensor  # [Tq] int32
+    swa_ragged: torch.Tensor  # [nnz] int32 (valid slots only, as the metadata builder makes them)
+    swa_indptr: torch.Tensor  # [Tq + 1] int32
+    topk_dense: torch.Tensor
+    topk_lens: torch.Tensor
+    topk_ragged: torch.Tensor
+    topk_indptr: torch.Tensor
+    sink: torch.Tensor  # [H] fp32
+    positions: torch.Tensor  # [Tq] int64
+    cos_sin: torch.Tensor  # [P, 64] fp32, cos | sin
+
+
+def scaled_pool(
+    num_blocks: int, block_size: int, gen: torch.Generator, scale_range: tuple[int, int]
+) -> torch.Tensor:
+    """Encoder-like pages whose UE8M0 bytes lie in scale_range (near 127 keeps scores finite)."""
+    pool = page_pool(num_blocks, block_size, gen, device=gen.device, valid=True)
+    _, scale = token_views(pool, block_size)
+    scale[..., :N_GROUPS] = torch.randint(
+        *scale_range, scale[..., :N_GROUPS].shape, generator=gen, device=gen.device, dtype=torch.uint8
+    )
+    return pool
+
+
+def _lists(
+    lens: list[int], width: int, num_rows: int, gen: torch.Generator, invalid_frac: float, region: int | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Dense [Tq, width] rows (-1 padded; a share of -1 and >= num_rows entries inside the length), the
+    lengths, and the ragged (indices, indptr) of the valid entries. `region`: slots of query i come from a
+    window of that many rows at a random base (a request's part of the pool)."""
+    on = gen.device
+    tq = len(lens)
+    span = num_rows if region is None else min(region, num_rows)
+    base = torch.randint(0, num_rows - span + 1, (tq, 1), generator=gen, device=on)
+    dense = (base + torch.randint(0, span, (tq, width), generator=gen, device=on)).int()
+    col = torch.arange(width, device=on)[None, :]
+    lens_t = torch.tensor(lens, dtype=torch.int32, device=on)
+    if invalid_frac > 0:
+        bad = torch.rand(tq, width, generator=gen, device=on) < invalid_frac
+        oob = torch.rand(tq, width, generator=gen, device=on) < 0.5
+        dense = torch.where(bad, torch.where(oob, num_rows + 7, -1), dense).int()
+    dense = torch.where(col < lens_t.clamp(max=width)[:, None], dense, -1).int()
+    keep = (col < lens_t[:, None]) & (dense >= 0) & (dense < num_rows)
+    counts = keep.sum(dim=1)
+    indptr = torch.zeros(tq + 1, dtype=torch.int32, device=on)
+    indptr[1:] = counts.cumsum(0)
+    return dense, lens_t, dense[keep].int(), indptr
+
+
+def decode_inputs(
+    swa_lens: list[int],
+    topk_lens: list[int],
+    heads: int,
+    gen: torch.Generator,
+    *,
+    swa_blocks: int = 8,
+    kv_blocks: int = 24,
+    block_size: int = 32,
+    swa_width: int = 128,
+    topk_width: int = 512,
+    scale_range: tuple[int, int] = (122, 128),
+    invalid_frac: float = 0.0,
+    region: int | None = None,
+    q_scale: float = 1.0,
+) -> DecodeInputs:
+    on = gen.device
+    tq = len(swa_lens)
+    swa_cache = scaled_pool(swa_blocks, block_size, gen, scale_range)
+    kv_cache = scaled_pool(kv_blocks, block_size, gen, scale_range)
+    sd, sl, sr, sp = _lists(swa_lens, swa_width, swa_blocks * block_size, gen, invalid_frac, region)
+    td, tl_, tr, tp = _lists(topk_lens, topk_width, kv_blocks * block_size, gen, invalid_frac, region)
+    q = (torch.randn(tq, heads, HEAD_DIM, generator=gen, device=on) * q_scale).bfloat16()
+    sink = torch.randn(heads, generator=gen, device=on) * 2
+    positions = torch.randint(0, 4096, (tq,), generator=gen, device=on)
+    angle = torch.rand(4096, ROPE_DIM // 2, generator=gen, device=on) * 6.3
+    cos_sin = torch.cat([angle.cos(), angle.sin()], dim=1)
+    return DecodeInputs(q, swa_cache, kv_cache, sd, sl, sr, sp, td, tl_, tr, tp, sink, positions, cos_sin)
+
+
+@dataclass
+class PrefillInputs:
+    q: torch.Tensor  # [T, H, 512] bf16
+    kv: torch.Tensor  # [N, 1, 512] bf16 workspace
+    indices: torch.Tensor  # [T, W] int32, -1 padded
+    lens: torch.Tensor  # [T] int32
+    sink: torch.Tensor  # [H] fp32
+
+
+def prefill_inputs(
+    lens: list[int],
+    heads: int,
+    num_kv: int,
+    gen: torch.Generator,
+    *,
+    width: int,
+    invalid_frac: float = 0.0,
+    q_scale: float = 1.0,
+) -> PrefillInputs:
+    on = gen.device
+    dense, lens_t, _, _ = _lists(lens, width, num_kv, gen, invalid_frac, None)
+    q = (torch.randn(len(lens), heads, HEAD_DIM, generator=gen, device=on) * q_scale).bfloat16()
+    kv = torch.randn(num_kv, 1, HEAD_DIM, generator=gen, device=on).bfloat16()
+    sink = torch.randn(heads, generator=gen, device=on) * 2
+    return PrefillInputs(q, kv, dense, lens_t, sink)
