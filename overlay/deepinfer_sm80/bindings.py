@@ -230,6 +230,53 @@ BINDINGS: tuple[Binding, ...] = (
         wrap=True,
         why="the Engram table is read through an fp8 pointer; the stand-in reads bytes, decodes in software",
     ),
+    # Pipeline parallelism across KV-sharing groups (docs/PIPELINE.md): not about the architecture, so
+    # these rows apply on every CUDA capability (below=EVERY_CAPABILITY); both images need them.
+    Binding(
+        name="pp_make_layers",
+        module="vllm.models.deepseek_v41.nvidia.model",
+        symbol="make_layers",
+        base="deepinfer_sm80.integration.pp.engine:wrap_make_layers",
+        optimized=None,
+        below=EVERY_CAPABILITY,
+        wrap=True,
+        why="a PP cut inside a KV-sharing group raises NotImplementedError (attention.py L454/L597); the "
+        "stage gets replicas of the remote source caches, planned from the config and the partition",
+    ),
+    Binding(
+        name="pp_forward",
+        module="vllm.models.deepseek_v41.nvidia.model",
+        symbol="DeepseekV4Model.forward",
+        base="deepinfer_sm80.integration.pp.engine:wrap_forward",
+        optimized=None,
+        below=EVERY_CAPABILITY,
+        wrap=True,
+        why="ships the new source records, top-k and candidate rows with the IntermediateTensors; the "
+        "next stage writes byte-identical replicas before its first layer",
+    ),
+    Binding(
+        name="pp_intermediate",
+        module="vllm.models.deepseek_v41.nvidia.model",
+        symbol="DeepseekV4Model.make_empty_intermediate_tensors",
+        base="deepinfer_sm80.integration.pp.engine:wrap_make_empty_intermediate_tensors",
+        optimized=None,
+        below=EVERY_CAPABILITY,
+        wrap=True,
+        why="model runner V2 copies received tensors key by key into these buffers; they gain the "
+        "payload keys",
+    ),
+    Binding(
+        name="dspark_pp_embed",
+        module="vllm.v1.worker.gpu.spec_decode.eagle.utils",
+        symbol="maybe_share_target_embed",
+        base="deepinfer_sm80.integration.pp.dspark_embed:wrap_maybe_share_target_embed",
+        optimized=None,
+        below=EVERY_CAPABILITY,
+        wrap=True,
+        why="DSpark with PP > 1 raises: the target embedding is not on the drafter's (last) stage; the "
+        "drafter's own embedding is loaded from the checkpoint there (dspark/utils.py imports it at "
+        "call time)",
+    ),
 )
 
 
