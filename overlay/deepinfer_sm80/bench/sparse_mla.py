@@ -37,7 +37,11 @@ PREFILL_T = 1536
 PREFILL_CONTEXTS = {"16k": 16_384, "64k": 65_536}
 PREFILL_HEADS = (16, 32)
 RATIO = 4
-MAX_SETS = 16
+# optimized decode tiles (rows, warps, stages) timed beside the default at SWEEP_AT (H200 != SM80: a
+# hint, the default stays the one that fits 2 CTAs per SM80 SM with no spills)
+TILE_SWEEP = ((32, 8, 1), (32, 4, 2), (16, 8, 1), (64, 8, 1))
+SWEEP_AT = ((6, 16, 16_384), (24, 16, 16_384), (48, 32, 131_072))
+MAX_SETS = 8
 SEED = {
     "decode_tq6_us": (149.6, 69.9),
     "decode_tq24_us": (349.1, 167.5),
@@ -107,7 +111,7 @@ def _decode_shape(up, tq: int, heads: int, ctx: int, ceilings: Ceilings, rows: l
 
     for impl in ("upstream", "base", "deepinfer"):
         t = summarize(
-            f"decode {name} {impl}", time_graph(runner(impl), n_sets, replays=10), bytes_moved, ceilings
+            f"decode {name} {impl}", time_graph(runner(impl), n_sets, replays=5), bytes_moved, ceilings
         )
         verdict = (
             "n/a" if impl == "upstream" else _close(outs[impl][0].cpu(), outs["upstream"][0].cpu(), 448.0)
@@ -115,6 +119,34 @@ def _decode_shape(up, tq: int, heads: int, ctx: int, ceilings: Ceilings, rows: l
         rows.append(Row.from_timing("sparse_mla_decode", impl, f"h{heads}-ctx{ctx // 1024}k", tq, t, verdict))
         times[(impl, tq, heads, ctx)] = t
         print(format_line(t, verdict))
+    if (tq, heads, ctx) in SWEEP_AT:
+        for tile in TILE_SWEEP:
+            out = [torch.empty_like(s.q) for s in sets]
+
+            def run_tile(i: int, tile: tuple[int, int, int] = tile, out: list = out) -> None:
+                s = sets[i]
+                main = dec._segment("swa", None, None, s.swa_ragged, s.swa_indptr, tq)
+                extra = dec._segment("topk", None, None, s.topk_ragged, s.topk_indptr, tq)
+                dec.decode_into(
+                    s.q,
+                    s.swa_cache,
+                    main,
+                    s.kv_cache,
+                    extra,
+                    s.sink,
+                    V41.scale,
+                    out[i],
+                    None,
+                    None,
+                    level="optimized",
+                    tile=tile,
+                )
+
+            t = summarize(
+                f"decode {name} tile{tile}", time_graph(run_tile, n_sets, replays=5), bytes_moved, ceilings
+            )
+            times[("sweep", tile, tq, heads, ctx)] = t
+            print(format_line(t, _close(out[0].cpu(), outs["upstream"][0].cpu(), 448.0)))
 
 
 def _prefill_shape(up, heads: int, ctx: int, ceilings: Ceilings, rows: list, times: dict) -> None:  # noqa: ANN001
@@ -135,9 +167,7 @@ def _prefill_shape(up, heads: int, ctx: int, ceilings: Ceilings, rows: list, tim
         def run(_: int, impl: str = impl) -> None:
             fns[impl](inp.q, inp.kv, inp.indices, inp.lens, V41.scale, 512, 448, 64, inp.sink, outs[impl])
 
-        t = summarize(
-            f"prefill {name} {impl}", time_graph(run, 1, calls=4, replays=10), bytes_moved, ceilings
-        )
+        t = summarize(f"prefill {name} {impl}", time_graph(run, 1, calls=4, replays=5), bytes_moved, ceilings)
         verdict = "n/a" if impl == "upstream" else _close(outs[impl].cpu(), outs["upstream"].cpu(), 5.0)
         rows.append(
             Row.from_timing("sparse_mla_prefill", impl, f"h{heads}-ctx{ctx // 1024}k", PREFILL_T, t, verdict)
@@ -231,9 +261,13 @@ def main(out_dir: Path, ceilings: Ceilings) -> dict[str, object]:
         "rows": [r.as_dict() for r in rows],
         "targets": _targets(dt, pt) if dt and pt else [],
         "errors": errors,
+        "tile_sweep_us": {
+            f"tq{k[2]}-h{k[3]}-ctx{k[4] // 1024}k tile{k[1]}": t.us for k, t in dt.items() if k[0] == "sweep"
+        },
+        "default_tile": [dec.BLOCK_N, dec.NUM_WARPS, dec.NUM_STAGES],
         "seed_write_up": SEED,
         "note": "H200 (sm_90) runs our SM80 kernels with software e4m3; upstream uses hardware e4m3 there. "
-        "Small Tq sets fit in L2 (at most 16 rotating input sets).",
+        "Small Tq sets fit in L2 (at most 8 rotating input sets).",
         "upstream": "vllm 0.32.0 rocm_sparse_attn_decode (CUDA branch: single-pass kernel) and "
         "rocm_sparse_attn_prefill (ragged Triton kernel after dense->ragged compaction)",
     }

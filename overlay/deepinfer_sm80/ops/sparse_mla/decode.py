@@ -25,13 +25,13 @@ BASE_BLOCK_K = 16
 BASE_WARPS = 4
 BASE_STAGES = 1
 BASE_MAX_SPLITS = 16
-# optimized: 32-row tiles, 8 warps, 1 stage: 248 regs, 0 spills, 80 KB smem (fits SM86's 99 KB). The
-# write-up's 64 x 4 warps x 2 stages needs 189 KB smem here (two bf16 K copies, one per product) and
-# 32 x 4 warps spills 16 B (sm_80 cross-compile, Triton 3.7.1; docs/SPARSE_MLA.md has the sweep)
-BLOCK_N = 32
-NUM_WARPS = 8
-NUM_STAGES = 1
-CTAS_PER_SM = 1
+# optimized: 16-row tiles, 4 warps, 2 stages: 255 regs, 0 spills, 58 KB smem -> 2 CTAs per SM80 SM (sm_80
+# cross-compile, Triton 3.7.1). The write-up's 64 rows need 189 KB here (two bf16 K copies, one per
+# product); 32 rows x 4 warps spill 16 B; 32 rows x 8 warps fit once a SM (248 regs). docs/SPARSE_MLA.md
+BLOCK_N = 16
+NUM_WARPS = 4
+NUM_STAGES = 2
+CTAS_PER_SM = 2
 MAX_SPLITS = 16
 REDUCE_BLOCK_H = 16
 
@@ -67,11 +67,11 @@ def base_num_splits(num_queries: int, heads_blocks: int, avg_main: float, avg_ex
     return best
 
 
-def num_splits(num_queries: int, heads_blocks: int, avg_rows: float, sms: int) -> int:
+def num_splits(num_queries: int, heads_blocks: int, avg_rows: float, sms: int, block_n: int = BLOCK_N) -> int:
     """Splits for the optimized kernel: cost(s) = waves(s)·(tiles per split + 1) + (s > 1), with
     waves = ceil(Tq·head_blocks·s / (CTAS_PER_SM·SMs)); the +1 is a CTA's fixed work
     (Q load, epilogue) and the last term the reduce launch. Ties go to fewer splits."""
-    tiles = max(1, math.ceil(avg_rows / BLOCK_N))
+    tiles = max(1, math.ceil(avg_rows / block_n))
     slots = CTAS_PER_SM * sms
     work = max(1, num_queries * heads_blocks)
     best, best_cost = 1, None
@@ -167,8 +167,10 @@ def decode_into(
     level: str,
     splits: int | None = None,
     force_reduce: bool = False,
+    tile: tuple[int, int, int] = (BLOCK_N, NUM_WARPS, NUM_STAGES),
 ) -> None:
-    """Launch one level's kernels into `out` [Tq, H, 512] bf16. `splits`/`force_reduce` are test knobs."""
+    """Launch one level's kernels into `out` [Tq, H, 512] bf16. `splits`, `force_reduce` and the optimized
+    kernel's `tile` (rows, warps, stages) are test and bench knobs."""
     num_queries, num_heads = q.shape[0], q.shape[1]
     if num_queries == 0 or num_heads == 0:
         return
@@ -203,7 +205,9 @@ def decode_into(
     else:
         block_h = block_h_for(num_heads)
         heads_blocks = triton.cdiv(num_heads, block_h)
-        s = splits or num_splits(num_queries, heads_blocks, main.avg_rows + avg_extra, _sm_count(dev))
+        s = splits or num_splits(
+            num_queries, heads_blocks, main.avg_rows + avg_extra, _sm_count(dev), tile[0]
+        )
     direct = level != "base" and s == 1 and not force_reduce
     if direct:
         part_m = part_l = part_acc = sink
@@ -240,12 +244,12 @@ def decode_into(
             *tail,
             **flags,
             BLOCK_H=block_h,
-            BLOCK_N=BLOCK_N,
+            BLOCK_N=tile[0],
             DIRECT=direct,
             HAS_SINK=attn_sink is not None,
             FUSE_INV_ROPE=positions is not None,
-            num_warps=NUM_WARPS,
-            num_stages=NUM_STAGES,
+            num_warps=tile[1],
+            num_stages=tile[2],
         )
     if not direct:
         reduce_h = 1 if level == "base" else REDUCE_BLOCK_H

@@ -2,7 +2,7 @@
 
 `_partial_base_kernel` is the SM80 port of upstream's split-K partial: each split takes its share of each
 segment, 16 rows a step, NoPE and RoPE as two products. `_decode_kernel` walks the two segments as one
-list in 32-row tiles with one 512-wide product, and with one split finishes the softmax itself.
+list in 16-row tiles with one 512-wide product, and with one split finishes the softmax itself.
 """
 
 from __future__ import annotations
