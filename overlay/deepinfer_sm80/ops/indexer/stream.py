@@ -137,7 +137,7 @@ def _prefill_keys_kernel(
             keys = score_key(logit, j[None, :], valid)
         else:
             logit = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            keys = tl.full((BLOCK_M, BLOCK_N), INVALID_KEY, tl.int64)
+            keys = tl.full((BLOCK_M, BLOCK_N), _INVALID, tl.int64)
         ptrs = keys_ptr + r.to(tl.int64)[:, None] * keys_stride + KEEP + j0 + tl.arange(0, BLOCK_N)[None, :]
         tl.store(ptrs, keys, mask=r_ok[:, None])
         if WRITE_BLOCKS:
@@ -202,7 +202,7 @@ def _paged_keys_kernel(
             keys = score_key(logit, j, valid)
         else:
             logit = tl.zeros((BLOCK_N,), dtype=tl.float32)
-            keys = tl.full((BLOCK_N,), INVALID_KEY, tl.int64)
+            keys = tl.full((BLOCK_N,), _INVALID, tl.int64)
         tl.store(keys_ptr + row.to(tl.int64) * keys_stride + KEEP + j0 + tl.arange(0, BLOCK_N), keys)
         if WRITE_BLOCKS:
             _store_block_keys(
@@ -279,6 +279,11 @@ TILES = 8
 SPAN = BLOCK_N * TILES  # columns per program; chunks are multiples of it
 CHUNK_MAX = 1 << 16
 NUM_WARPS = 4
+PREFILL_WARPS = 8  # 4 warps: 255 registers, one CTA per SM on sm_86
+CANDIDATE_WARPS = 4
+# per-column page gathers: 64-column tiles held 168 registers and spilled on sm_86, so 32 x 16
+CAND_BLOCK_N = 32
+CAND_TILES = SPAN // CAND_BLOCK_N
 _ORDERED_NEG_INF = -2139095041  # ordered_int32(-inf)
 
 
@@ -377,8 +382,8 @@ def indexer_topk_prefill(
                 q8, weights, weights.stride(0), k8, kscale, 0, 1, buf, 0, cu_seqlen_ks,
                 (cu_seqlen_ke - cu_seqlen_ks).clamp_min(0).to(torch.int32), buf, r0,
                 candidate_blocks, candidate_blocks.stride(0), buf, buf.stride(0),
-                HEADS=heads, D=INDEX_DIM, NEXT_N=1, HAS_REQ=False, PAGED=False, BLOCK_N=BLOCK_N,
-                TILES=TILES, KEEP=keep, BS=candidate_block_size, num_warps=NUM_WARPS,
+                HEADS=heads, D=INDEX_DIM, NEXT_N=1, HAS_REQ=False, PAGED=False, BLOCK_N=CAND_BLOCK_N,
+                TILES=CAND_TILES, KEEP=keep, BS=candidate_block_size, num_warps=CANDIDATE_WARPS,
             )  # fmt: skip
             _merge(buf, nr, keep)
             topk_indices[r0 : r0 + nr] = keys_to_columns(_finish(buf, nr, keep))
@@ -401,7 +406,7 @@ def indexer_topk_prefill(
                 buf, buf.stride(0), bbuf, bbuf.stride(0),
                 HEADS=heads, D=INDEX_DIM, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, TILES=TILES, KEEP=keep,
                 KEEP_BLOCKS=keep_blocks, BS=candidate_block_size, WRITE_BLOCKS=keep_blocks > 0,
-                num_warps=NUM_WARPS,
+                num_warps=PREFILL_WARPS,
             )  # fmt: skip
             _merge(buf, nr, keep)
             if keep_blocks:
@@ -456,8 +461,8 @@ def indexer_topk_decode(
             q8, weights, weights.stride(0), kv_cache, lens, kv_cache.stride(0), block_size,
             block_tables, block_tables.stride(0), lens, lens, req_arg, 0,
             candidate_blocks, candidate_blocks.stride(0), buf, buf.stride(0),
-            HEADS=heads, D=INDEX_DIM, NEXT_N=next_n, HAS_REQ=req is not None, PAGED=True, BLOCK_N=BLOCK_N,
-            TILES=TILES, KEEP=keep, BS=candidate_block_size, num_warps=NUM_WARPS,
+            HEADS=heads, D=INDEX_DIM, NEXT_N=next_n, HAS_REQ=req is not None, PAGED=True, BLOCK_N=CAND_BLOCK_N,
+            TILES=CAND_TILES, KEEP=keep, BS=candidate_block_size, num_warps=CANDIDATE_WARPS,
         )  # fmt: skip
         _merge(buf, rows, keep)
         topk_indices.copy_(keys_to_columns(_finish(buf, rows, keep)))
@@ -497,3 +502,103 @@ def decode_workspace_bytes(rows: int, max_model_len: int, keep: int, keep_blocks
     chunk = (workspace_bytes // rows - fixed) // per_col // SPAN * SPAN
     chunk = max(SPAN, min(chunk, triton.cdiv(max_model_len, SPAN) * SPAN))
     return rows * workspace_per_row(chunk, keep, keep_blocks, block_size)
+
+
+_KEYS_COMMON = {
+    "HEADS": 32,
+    "D": INDEX_DIM,
+    "BLOCK_N": BLOCK_N,
+    "TILES": TILES,
+    "KEEP": 512,
+    "BS": 8,
+}
+_PREFILL_SIG = {
+    **{a: "*u8" for a in ("q_ptr", "k_ptr")},
+    "w_ptr": "*fp32",
+    "w_stride": "i32",
+    "kscale_ptr": "*fp32",
+    "cu_ks_ptr": "*i32",
+    "cu_ke_ptr": "*i32",
+    "row0": "i32",
+    "nrows": "i32",
+    "c0": "i32",
+    "keys_ptr": "*i64",
+    "keys_stride": "i32",
+    "blk_ptr": "*i64",
+    "blk_stride": "i32",
+    **{c: "constexpr" for c in ("HEADS", "D", "BLOCK_M", "BLOCK_N", "TILES", "KEEP", "KEEP_BLOCKS", "BS", "WRITE_BLOCKS")},
+}
+_PAGED_SIG = {
+    "q_ptr": "*u8",
+    "w_ptr": "*fp32",
+    "w_stride": "i32",
+    "cache_ptr": "*u8",
+    "page_stride": "i32",
+    "block_size": "i32",
+    "bt_ptr": "*i32",
+    "bt_stride": "i32",
+    "len_ptr": "*i32",
+    "req_ptr": "*i32",
+    "c0": "i32",
+    "keys_ptr": "*i64",
+    "keys_stride": "i32",
+    "blk_ptr": "*i64",
+    "blk_stride": "i32",
+    **{c: "constexpr" for c in ("HEADS", "D", "NEXT_N", "HAS_REQ", "BLOCK_N", "TILES", "KEEP", "KEEP_BLOCKS", "BS", "WRITE_BLOCKS")},
+}
+_CAND_SIG = {
+    "q_ptr": "*u8",
+    "w_ptr": "*fp32",
+    "w_stride": "i32",
+    "k_ptr": "*u8",
+    "kscale_ptr": "*fp32",
+    "page_stride": "i32",
+    "block_size": "i32",
+    "bt_ptr": "*i32",
+    "bt_stride": "i32",
+    "start_ptr": "*i32",
+    "len_ptr": "*i32",
+    "req_ptr": "*i32",
+    "row0": "i32",
+    "cand_ptr": "*i32",
+    "cand_stride": "i32",
+    "keys_ptr": "*i64",
+    "keys_stride": "i32",
+    **{c: "constexpr" for c in ("HEADS", "D", "NEXT_N", "HAS_REQ", "PAGED", "BLOCK_N", "TILES", "KEEP", "BS")},
+}
+_ALIGNED = ("q_ptr", "w_ptr", "keys_ptr", "keys_stride")
+COMPILE_SPECS = (
+    *(
+        CompileSpec(
+            f"indexer.stream.prefill{'.blocks' if kb else ''}",
+            _prefill_keys_kernel,
+            _PREFILL_SIG,
+            {**_KEYS_COMMON, "BLOCK_M": BLOCK_M, "KEEP_BLOCKS": kb, "WRITE_BLOCKS": kb > 0},
+            num_warps=PREFILL_WARPS,
+            divisible_by_16=(*_ALIGNED, "k_ptr", "kscale_ptr"),
+        )
+        for kb in (0, CANDIDATE_BLOCKS)
+    ),
+    *(
+        CompileSpec(
+            f"indexer.stream.paged{'.blocks' if kb else ''}",
+            _paged_keys_kernel,
+            _PAGED_SIG,
+            {**_KEYS_COMMON, "NEXT_N": 1, "HAS_REQ": False, "KEEP_BLOCKS": kb, "WRITE_BLOCKS": kb > 0},
+            num_warps=NUM_WARPS,
+            divisible_by_16=(*_ALIGNED, "cache_ptr", "page_stride", "block_size"),
+        )
+        for kb in (0, CANDIDATE_BLOCKS)
+    ),
+    *(
+        CompileSpec(
+            f"indexer.stream.candidates.{'paged' if paged else 'prefill'}",
+            _candidate_keys_kernel,
+            _CAND_SIG,
+            {**_KEYS_COMMON, "BLOCK_N": CAND_BLOCK_N, "TILES": CAND_TILES, "NEXT_N": 1, "HAS_REQ": False, "PAGED": paged},
+            num_warps=CANDIDATE_WARPS,
+            divisible_by_16=(*_ALIGNED, "k_ptr"),
+        )
+        for paged in (False, True)
+    ),
+)
