@@ -39,8 +39,8 @@ PREFILL_HEADS = (16, 32)
 RATIO = 4
 # optimized decode tiles (rows, warps, stages) timed beside the default at SWEEP_AT (H200 != SM80: a
 # hint, the default stays the one that fits 2 CTAs per SM80 SM with no spills)
-TILE_SWEEP = ((32, 8, 1), (32, 4, 2), (16, 8, 1), (64, 8, 1))
-SWEEP_AT = ((6, 16, 16_384), (24, 16, 16_384), (48, 32, 131_072))
+TILE_SWEEP = ((32, 8, 1), (32, 4, 2))
+SWEEP_AT = ((6, 16, 16_384), (24, 16, 16_384))
 MAX_SETS = 8
 SEED = {
     "decode_tq6_us": (149.6, 69.9),
