@@ -230,6 +230,25 @@ BINDINGS: tuple[Binding, ...] = (
         wrap=True,
         why="the Engram table is read through an fp8 pointer; the stand-in reads bytes, decodes in software",
     ),
+    # mHC boundaries (docs/MHC.md): upstream's TileLang kernels build real sm_80/sm_86 code, so the base
+    # level keeps them; the optimized level takes ours (same names and signatures as 0.32.0).
+    Binding(
+        name="mhc_pre",
+        module="vllm.models.deepseek_v41.nvidia.model",
+        symbol="mhc_pre_delayed_tilelang",
+        base=None,
+        optimized="deepinfer_sm80.ops.mhc.boundary:mhc_pre_delayed_tilelang",
+        why="first-layer mHC pre: off DeepGEMM upstream's prenorm GEMM is n_splits 1 (one CTA row per "
+        "token); ours splits h over the SMs (40 x 128 columns at 5120)",
+    ),
+    Binding(
+        name="mhc_post",
+        module="vllm.models.deepseek_v41.nvidia.model",
+        symbol="mhc_post_tilelang",
+        base=None,
+        optimized="deepinfer_sm80.ops.mhc.boundary:mhc_post_tilelang",
+        why="final post (and engram's): upstream runs one 128-thread CTA per token; ours a (T, H/1024) grid",
+    ),
     # Pipeline parallelism across KV-sharing groups (docs/PIPELINE.md): not about the architecture, so
     # these rows apply on every CUDA capability (below=EVERY_CAPABILITY); both images need them.
     Binding(
