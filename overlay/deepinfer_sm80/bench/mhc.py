@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -40,12 +41,12 @@ def boundary_bytes(num_tokens: int, hidden: int = HIDDEN) -> int:
     return num_tokens * hidden * 2 * (4 + 1 + 4 + 1) + 24 * 4 * hidden * 4 + num_tokens * (4 + 16 + 4) * 4 * 2
 
 
-def _sets(name: str, num_tokens: int) -> list:
+def _sets(name: str, num_tokens: int) -> list[Any]:
     n_sets = input_sets_needed(boundary_bytes(num_tokens), limit=48)
     return [boundary_inputs(f"{name}-{i}", num_tokens, HIDDEN).to("cuda") for i in range(n_sets)]
 
 
-def _fused_args(inp):
+def _fused_args(inp: Any) -> tuple[Any, ...]:
     return (
         inp.x,
         inp.residual,
@@ -58,11 +59,11 @@ def _fused_args(inp):
     )
 
 
-def _fused_kw(inp):
+def _fused_kw(inp: Any) -> dict[str, Any]:
     return dict(pre_mix=inp.pre_mix, norm_weight=inp.norm_weight, norm_eps=P.norm_eps)
 
 
-def _verdict(outs, want) -> str:
+def _verdict(outs: Any, want: Any) -> str:
     try:
         assert_close("post", outs[1].squeeze(-1), want.post, abs=5e-5, rel_in_eps=2**12, why="bench check")
         assert_close("comb", outs[2], want.comb, abs=5e-5, rel_in_eps=2**12, why="bench check")
@@ -75,18 +76,26 @@ def _verdict(outs, want) -> str:
     return "close"
 
 
-def _time(fn, sets, ceilings: Ceilings, label: str, num_tokens: int):
+def _time(fn: Any, sets: list[Any], ceilings: Ceilings, label: str, num_tokens: int) -> Any:
     samples = time_graph(lambda i: fn(sets[i % len(sets)]), len(sets), replays=15)
     return summarize(label, samples, boundary_bytes(num_tokens), ceilings)
 
 
-def fused_rows(num_tokens: int, up, ceilings: Ceilings) -> tuple[list[Row], dict[str, float]]:
+def fused_rows(num_tokens: int, up: Any, ceilings: Ceilings) -> tuple[list[Row], dict[str, float]]:
     sets = _sets(f"bench-fused-T{num_tokens}", num_tokens)
     inp = sets[0]
     want = ref.boundary(
-        inp.residual, inp.fn, inp.hc_scale, inp.hc_base, P, x=inp.x, post=inp.post, comb=inp.comb,
-        pre_mix=inp.pre_mix, norm_weight=inp.norm_weight,
-    )  # fmt: skip
+        inp.residual,
+        inp.fn,
+        inp.hc_scale,
+        inp.hc_base,
+        P,
+        x=inp.x,
+        post=inp.post,
+        comb=inp.comb,
+        pre_mix=inp.pre_mix,
+        norm_weight=inp.norm_weight,
+    )
     impls = {
         "deepinfer": lambda s: bd.mhc_fused_post_pre_delayed_tilelang(*_fused_args(s), **_fused_kw(s)),
         "upstream": lambda s: up.mhc_fused_post_pre_delayed_tilelang(*_fused_args(s), **_fused_kw(s)),
@@ -116,7 +125,7 @@ def fused_rows(num_tokens: int, up, ceilings: Ceilings) -> tuple[list[Row], dict
                 ),
                 min(len(sets), 4),
                 replays=5,
-            ),  # fmt: skip
+            ),
             boundary_bytes(num_tokens),
             ceilings,
         )
@@ -154,9 +163,12 @@ def sweep(num_tokens: int, ceilings: Ceilings) -> list[dict[str, object]]:
     out = []
     for cfg in cfgs:
         t = _time(
-            lambda s, c=cfg: bd.mhc_fused_post_pre_delayed_tilelang(*_fused_args(s), **_fused_kw(s), config=c),
-            sets, ceilings, f"sweep T={num_tokens} {cfg}", num_tokens,
-        )  # fmt: skip
+            lambda s, c=cfg: bd.fused_post_pre_with_config(c, *_fused_args(s), **_fused_kw(s)),
+            sets,
+            ceilings,
+            f"sweep T={num_tokens} {cfg}",
+            num_tokens,
+        )
         out.append({"T": num_tokens, "config": cfg.__dict__, "us": t.us})
     best = min(out, key=lambda r: r["us"], default=None)
     chosen = splits.partials_config(
@@ -166,19 +178,25 @@ def sweep(num_tokens: int, ceilings: Ceilings) -> list[dict[str, object]]:
     return out
 
 
-def side_rows(up, ceilings: Ceilings) -> list[Row]:
+def side_rows(up: Any, ceilings: Ceilings) -> list[Row]:
     """First-layer pre and the final post, ours vs upstream."""
     rows = []
     for num_tokens in (1, 12, 1536):
         sets = _sets(f"bench-first-T{num_tokens}", num_tokens)
         streams = [s.x.unsqueeze(1).expand(-1, 4, -1).contiguous() for s in sets]
 
-        def first(mod, i, sets=sets, streams=streams):
+        def first(mod: Any, i: int, sets: list[Any] = sets, streams: list[Any] = streams) -> Any:
             s = sets[i]
             return mod.mhc_pre_delayed_tilelang(
-                streams[i], s.fn_broadcast, s.hc_scale, s.hc_base, *SCALARS, x=s.x, norm_weight=s.norm_weight,
+                streams[i],
+                s.fn_broadcast,
+                s.hc_scale,
+                s.hc_base,
+                *SCALARS,
+                x=s.x,
+                norm_weight=s.norm_weight,
                 norm_eps=P.norm_eps,
-            )  # fmt: skip
+            )
 
         for impl, mod in (("deepinfer", bd), ("upstream", up)):
             samples = time_graph(lambda i, m=mod: first(m, i), len(sets), replays=15)
@@ -190,9 +208,12 @@ def side_rows(up, ceilings: Ceilings) -> list[Row]:
         post_bytes = num_tokens * HIDDEN * 2 * 9
         for impl, mod in (("deepinfer", bd), ("upstream", up)):
             samples = time_graph(
-                lambda i, m=mod: m.mhc_post_tilelang(sets[i].x, sets[i].residual, sets[i].post.unsqueeze(-1), sets[i].comb),
-                len(sets), replays=15,
-            )  # fmt: skip
+                lambda i, m=mod, s=sets: m.mhc_post_tilelang(
+                    s[i].x, s[i].residual, s[i].post.unsqueeze(-1), s[i].comb
+                ),
+                len(sets),
+                replays=15,
+            )
             t = summarize(f"mhc_post T={num_tokens} {impl}", samples, post_bytes, ceilings)
             print(f"{t.name:40} {t.us:9.1f} us | {t.pct_of_copy}% of copy")
             rows.append(Row.from_timing("mhc_post", impl, "h5120", num_tokens, t, "n/a"))
@@ -202,34 +223,59 @@ def side_rows(up, ceilings: Ceilings) -> list[Row]:
 def targets_of(us_by_t: dict[int, dict[str, float]], rows: list[Row]) -> list[Target]:
     out = []
     for num_tokens, us in us_by_t.items():
-        out.append(at_most(
-            f"T={num_tokens}: ours / upstream's selection", us["deepinfer"] / us["upstream"], 1.0, "x",
-            cause="see sweep: the CUDA-core projection re-reads fn per token block",
-        ))  # fmt: skip
+        out.append(
+            at_most(
+                f"T={num_tokens}: ours / upstream's selection",
+                us["deepinfer"] / us["upstream"],
+                1.0,
+                "x",
+                cause="see sweep: the CUDA-core projection re-reads fn per token block",
+            )
+        )
         if num_tokens <= 32:
-            out.append(at_most(
-                f"T={num_tokens}: ours / floor", us["deepinfer"] / us["floor"], 2.0, "x",
-                cause="two launches + 40 serial Sinkhorn divisions on one warp",
-            ))  # fmt: skip
+            out.append(
+                at_most(
+                    f"T={num_tokens}: ours / floor",
+                    us["deepinfer"] / us["floor"],
+                    2.0,
+                    "x",
+                    cause="two launches + 40 serial Sinkhorn divisions on one warp",
+                )
+            )
     for num_tokens, writeup in WRITEUP.items():
         if num_tokens in us_by_t:
             speedup = us_by_t[num_tokens]["upstream"] / us_by_t[num_tokens]["deepinfer"]
-            out.append(Target(
-                f"T={num_tokens}: speed-up over upstream (H200; write-up's A100 figure is the goal)",
-                round(speedup, 3), writeup, "x", speedup >= writeup,
-                "" if speedup >= writeup else "H200 vs the write-up's A100; upstream is faster on H200 than on A100",
-            ))  # fmt: skip
+            out.append(
+                Target(
+                    f"T={num_tokens}: speed-up over upstream (H200; write-up's A100 figure is the goal)",
+                    round(speedup, 3),
+                    writeup,
+                    "x",
+                    speedup >= writeup,
+                    ""
+                    if speedup >= writeup
+                    else "H200 vs the write-up's A100; upstream is faster on H200 than on A100",
+                )
+            )
     big = [r for r in rows if r.op == "mhc_post_pre" and r.impl == "deepinfer" and r.size == 1536]
     if big:
-        out.append(at_least(
-            "T=1536: % of copy bandwidth", big[0].pct_of_copy or 0.0, 70.0, "%",
-            cause="CUDA-core projection: fn re-read from L2 per 4-token block (no tensor-core path yet)",
-        ))  # fmt: skip
+        out.append(
+            at_least(
+                "T=1536: % of copy bandwidth",
+                big[0].pct_of_copy or 0.0,
+                70.0,
+                "%",
+                cause="CUDA-core projection: fn re-read from L2 per 4-token block (no tensor-core path yet)",
+            )
+        )
     return out
 
 
 def main(out_dir: Path, ceilings: Ceilings) -> dict[str, object]:
-    from vllm.model_executor.kernels.mhc import tilelang as up  # the carried upstream tree
+    from deepinfer_sm80.testing.tilelang_compile import bind_vllm_tilelang_globals
+
+    bind_vllm_tilelang_globals()  # the carried tree is not a CUDA vLLM install: bind T before import
+    from vllm.model_executor.kernels.mhc import tilelang as up
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     t0 = time.time()
@@ -247,8 +293,8 @@ def main(out_dir: Path, ceilings: Ceilings) -> dict[str, object]:
     return {
         "rows": [r.as_dict() for r in rows],
         "targets": [t.as_dict() for t in targets_of(us_by_t, rows)],
-        "upstream": "vllm 0.32.0 mhc_fused_post_pre_delayed_tilelang (its SM8x selection: fused (2|6,8,128) at T<=32, "
-        "post + prenorm GEMM n_splits 1 above) = the baseline",
+        "upstream": "vllm 0.32.0 mhc_fused_post_pre_delayed_tilelang (its SM8x selection: fused (2|6,8,128) "
+        "at T<=32, post + prenorm GEMM n_splits 1 above) = the baseline",
         "optimized": "deepinfer_sm80.ops.mhc.boundary (split-h partials + epilogue)",
         "bytes": "T*H*2*(4+1+4+1) + 24*4H*4 (fn) + coefficients: the minimum a boundary must move",
         "warmup": {"kernels": n, "seconds": round(warm_s, 1)},

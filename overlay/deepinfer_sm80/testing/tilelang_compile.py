@@ -1,4 +1,4 @@
-"""Cross-compile TileLang kernels for sm_80/sm_86 on a machine with no GPU: TileLang -> CUDA C -> nvcc -> cubin.
+"""Cross-compile TileLang kernels for sm_80/sm_86 with no GPU: TileLang -> CUDA C -> nvcc -> cubin.
 
 A module under `deepinfer_sm80.ops` lists its TileLang kernels in a module-level `TILELANG_SPECS`
 tuple of `TileLangSpec`; `compile_tilelang(spec, arch)` returns the same `CompileReport` the
@@ -17,9 +17,12 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from deepinfer_sm80.testing.budgets import BUDGETS, max_ctas_per_sm, over_budget
+
+if TYPE_CHECKING:
+    from deepinfer_sm80.testing.crosscompile import CompileReport
 
 # vLLM 0.32.0 builds its TileLang kernels with this ptxas level on CUDA (vllm/tilelang_utils); the
 # CPU import path leaves it out, so the cross-compile adds it back for upstream's kernels.
@@ -52,9 +55,9 @@ def tilelang_missing_reason() -> str | None:
     return None
 
 
-def _bind_vllm_tilelang_globals() -> None:
-    """On a CPU host vllm.tilelang_utils leaves `T`/`tilelang` as None (it binds them only on CUDA),
-    so upstream's kernel bodies would not parse; bind them before their module is imported."""
+def bind_vllm_tilelang_globals() -> None:
+    """vllm.tilelang_utils binds `T`/`tilelang` only when vLLM's platform is CUDA (not on a CPU host,
+    nor from the GPU bundle's tree, which has no vllm._C): bind them before upstream's kernels import."""
     if "vllm.model_executor.kernels.mhc.tilelang_kernels" in sys.modules:
         return
     import tilelang
@@ -69,7 +72,7 @@ def _bind_vllm_tilelang_globals() -> None:
 def resolve(target: str) -> Any:
     module_name, attr = target.split(":")
     if module_name.startswith("vllm."):
-        _bind_vllm_tilelang_globals()
+        bind_vllm_tilelang_globals()
     return getattr(importlib.import_module(module_name), attr)
 
 
@@ -147,7 +150,7 @@ def _resources(cubin: bytes) -> tuple[int, int, int, int]:
     return regs, stack, shared, local
 
 
-def compile_tilelang(spec: TileLangSpec, arch: int):  # -> crosscompile.CompileReport
+def compile_tilelang(spec: TileLangSpec, arch: int) -> CompileReport:
     """Lower, compile and budget-check one spec for sm_<arch>."""
     from deepinfer_sm80.testing.crosscompile import CompileReport
 

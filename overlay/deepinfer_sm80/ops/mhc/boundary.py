@@ -53,7 +53,6 @@ def _boundary(
     capture_aux: bool,
     config: splits.PartialsConfig | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    rms_eps, hc_pre_eps, hc_sinkhorn_eps, hc_post_mult_value, sinkhorn_repeat, norm_eps = eps
     num_tokens, hc, hidden = residual.shape
     if hc != HC_MULT:
         raise ValueError(f"mhc: hc_mult must be {HC_MULT}, got {hc}")
@@ -229,12 +228,35 @@ def mhc_fused_post_pre_delayed_tilelang(
     norm_weight: torch.Tensor | None = None,
     norm_eps: float = 1e-6,
     capture_aux: bool = False,
-    *,
-    config: splits.PartialsConfig | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """One post block and the next delayed pre block (0.32.0 signature); returns (R' [T,4,H],
-    post [T,4,1], comb [T,4,4], layer_input [T,H], next pre-mix [T,4], stream mean [T or 0, H]).
-    `config` overrides the split selector (benchmark sweeps)."""
+    post [T,4,1], comb [T,4,4], layer_input [T,H], next pre-mix [T,4], stream mean [T or 0, H])."""
+    return fused_post_pre_with_config(
+        None, x, residual, post_layer_mix, comb_res_mix, fn, hc_scale, hc_base, rms_eps, hc_pre_eps,
+        hc_sinkhorn_eps, hc_post_mult_value, sinkhorn_repeat, pre_mix, norm_weight, norm_eps, capture_aux,
+    )  # fmt: skip
+
+
+def fused_post_pre_with_config(
+    config: splits.PartialsConfig | None,
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    post_layer_mix: torch.Tensor,
+    comb_res_mix: torch.Tensor,
+    fn: torch.Tensor,
+    hc_scale: torch.Tensor,
+    hc_base: torch.Tensor,
+    rms_eps: float,
+    hc_pre_eps: float,
+    hc_sinkhorn_eps: float,
+    hc_post_mult_value: float,
+    sinkhorn_repeat: int,
+    pre_mix: torch.Tensor | None = None,
+    norm_weight: torch.Tensor | None = None,
+    norm_eps: float = 1e-6,
+    capture_aux: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`mhc_fused_post_pre_delayed_tilelang` with the split forced to `config` (None: the selector's)."""
     num_tokens = residual.shape[0]
     eps = (rms_eps, hc_pre_eps, hc_sinkhorn_eps, hc_post_mult_value, sinkhorn_repeat, norm_eps)
     residual_cur, post, comb, layer_input, pre, aux = _boundary(

@@ -299,7 +299,7 @@ def mhc_epilogue_kernel(
         if use_norm:
             ytot = T.alloc_var(T.float32)
             ytot = 0.0
-            for s in T.serial(n_splits):
+            for s in T.unroll(n_splits):  # all split loads in flight at once
                 ytot = ytot + part_ysq[s, t]
             rnorm = T.rsqrt(ytot / hidden + norm_eps)
             yv = T.alloc_local((EPILOGUE_VEC,), T.bfloat16)
@@ -318,12 +318,12 @@ def mhc_epilogue_kernel(
             if tid < n_out:
                 stot = T.alloc_var(T.float32)
                 stot = 0.0
-                for s in T.serial(n_splits):
+                for s in T.unroll(n_splits):  # all split loads in flight at once
                     stot = stot + part_sq[s, t]
                 rms = T.rsqrt(stot / rms_numel + rms_eps)
                 mtot = T.alloc_var(T.float32)
                 mtot = 0.0
-                for s in T.serial(n_splits):
+                for s in T.unroll(n_splits):  # all split loads in flight at once
                     mtot = mtot + part_mix[s, t, tid]
                 mixes[tid] = mtot * rms
             T.sync_threads()

@@ -1,4 +1,4 @@
-"""The spec of one mHC boundary in plain PyTorch: post-mapping, projection, gates, Sinkhorn, collapse, RMSNorm.
+"""The spec of one mHC boundary in PyTorch: post-map, projection, gates, Sinkhorn, collapse, RMSNorm.
 
 Math runs in `dtype` (float32 by default; float64 to check the float32 spec against); the bf16
 boundaries are where the kernels store bf16: R', the collapse y, the normalised layer input and
@@ -42,7 +42,7 @@ def post_map(
 
     Args: x [T, H] bf16, residual [T, 4, H] bf16, post [T, 4] or [T, 4, 1], comb [T, 4, 4] fp32.
     """
-    num_tokens, hc, hidden = residual.shape
+    num_tokens, hc, _ = residual.shape
     r = residual.to(dtype)  # [T, 4, H]
     p = post.reshape(num_tokens, hc, 1).to(dtype)  # [T, 4, 1]
     c = comb.to(dtype)  # [T, 4(k), 4(j)]
