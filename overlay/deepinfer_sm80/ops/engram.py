@@ -22,9 +22,15 @@ from deepinfer_sm80.registry import CompileSpec
 
 # ----------------------------------------------------------------------------- reference
 def engram_lookup_ref(
-    weight: torch.Tensor, scales: torch.Tensor, ids: torch.Tensor, vocab_start: int, vocab_end: int,
-    head_start: int, local_heads: int, quant_block: int,
-) -> torch.Tensor:  # fmt: skip
+    weight: torch.Tensor,
+    scales: torch.Tensor,
+    ids: torch.Tensor,
+    vocab_start: int,
+    vocab_end: int,
+    head_start: int,
+    local_heads: int,
+    quant_block: int,
+) -> torch.Tensor:
     """Unsorted bf16 path: ids [T, TOTAL_HEADS] -> out [T * LOCAL_HEADS, DIM] bf16 (0 where not owned)."""
     t, total = ids.shape
     dim = weight.shape[1]
@@ -41,8 +47,17 @@ def engram_lookup_ref(
 
 
 # ----------------------------------------------------------------------------- kernel
-@triton.jit(do_not_specialize=["vocab_start", "vocab_end", "num_rows", "ids_stride_t", "ids_stride_h", "GRID",
-                               "SORTED"])  # fmt: skip
+@triton.jit(
+    do_not_specialize=(
+        "vocab_start",
+        "vocab_end",
+        "num_rows",
+        "ids_stride_t",
+        "ids_stride_h",
+        "GRID",
+        "SORTED",
+    )
+)
 def engram_lookup_kernel(
     weight,
     scales,
@@ -125,12 +140,27 @@ def engram_lookup_via_bytes(upstream_kernel: Any) -> EngramLookupKernel:
 
 def _sig(out: str) -> dict[str, str]:
     return {
-        "weight": "*u8", "scales": "*u8", "ids": "*i64", "sorted_dst": "*i32", "out": out,
-        "vocab_start": "i32", "vocab_end": "i32", "num_rows": "i32", "ids_stride_t": "i32",
-        "ids_stride_h": "i32", "HEAD_START": "constexpr", "LOCAL_HEADS": "constexpr", "TOTAL_HEADS": "constexpr",
-        "DIM": "constexpr", "QUANT_BLOCK": "constexpr", "BLOCK_R": "constexpr", "GRID": "i32", "SORTED": "i1",
-        "PACKED": "constexpr", "OUT_STRIDE": "constexpr",
-    }  # fmt: skip
+        "weight": "*u8",
+        "scales": "*u8",
+        "ids": "*i64",
+        "sorted_dst": "*i32",
+        "out": out,
+        "vocab_start": "i32",
+        "vocab_end": "i32",
+        "num_rows": "i32",
+        "ids_stride_t": "i32",
+        "ids_stride_h": "i32",
+        "HEAD_START": "constexpr",
+        "LOCAL_HEADS": "constexpr",
+        "TOTAL_HEADS": "constexpr",
+        "DIM": "constexpr",
+        "QUANT_BLOCK": "constexpr",
+        "BLOCK_R": "constexpr",
+        "GRID": "i32",
+        "SORTED": "i1",
+        "PACKED": "constexpr",
+        "OUT_STRIDE": "constexpr",
+    }
 
 
 # Engram rows of 1024 dims in 128-dim scale blocks, 16 rows a tile, as upstream launches them; heads per
@@ -149,7 +179,7 @@ COMPILE_SPECS = tuple(
             "BLOCK_R": 16,
             "PACKED": packed,
             "OUT_STRIDE": 2 * (1024 + 8),
-        },  # fmt: skip
+        },
         num_warps=4,
         divisible_by_16=("weight", "scales", "ids", "out"),
     )

@@ -67,5 +67,10 @@ def wo_a_bytes(tp: int, layers: int = V41.layers + V41.draft_layers) -> dict[str
     rank = V41.per_rank(tp)
     weights = rank.o_groups * V41.o_lora * V41.heads_per_o_group * V41.head_dim  # per layer
     marlin = weights + weights // (128 * 128) * 4
-    return {"bf16_per_layer": 2 * weights, "marlin_per_layer": marlin, "layers": layers,
-            "bf16_total": 2 * weights * layers, "extra_total": (2 * weights - marlin) * layers}  # fmt: skip
+    return {
+        "bf16_per_layer": 2 * weights,
+        "marlin_per_layer": marlin,
+        "layers": layers,
+        "bf16_total": 2 * weights * layers,
+        "extra_total": (2 * weights - marlin) * layers,
+    }

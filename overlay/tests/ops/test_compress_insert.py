@@ -68,8 +68,9 @@ def test_kernel_matches_reference_bitwise(case: Case) -> None:
     base = torch.empty(0, dtype=torch.uint8, device=cache.device).set_(pool_out)
     ref_base = base.cpu().clone()
     ref_view = _as_view(ref_base, cache)
-    ci.rope_quant_insert_ref(latent.cpu(), positions.cpu(), cos_sin.cpu(), ref_view, slots.cpu(), case.ratio,
-                             case.sanitize)  # fmt: skip
+    ci.rope_quant_insert_ref(
+        latent.cpu(), positions.cpu(), cos_sin.cpu(), ref_view, slots.cpu(), case.ratio, case.sanitize
+    )
     ci.rope_quant_insert(latent, positions, cos_sin, cache, slots, case.ratio, case.sanitize)
     del ref_cache
     try:
@@ -87,8 +88,9 @@ def test_exponent_at_seven_powers_of_two_is_exact() -> None:
     cache = make_k_cache(1, 128, generator=generator("seven-pow2"))
     slots, positions = torch.arange(4), torch.arange(4)
     cos_sin = torch.ones(8, 64)
-    ci.rope_quant_insert(latent.to(DEV), positions.to(DEV), cos_sin.to(DEV), cache_dev := cache.to(DEV),
-                         slots.to(DEV), 1)  # fmt: skip
+    ci.rope_quant_insert(
+        latent.to(DEV), positions.to(DEV), cos_sin.to(DEV), cache_dev := cache.to(DEV), slots.to(DEV), 1
+    )
     scale_bytes = cache_dev.cpu().view(-1)[128 * 576 : 128 * 576 + 4 * 8].view(4, 8)
     for t, k in enumerate((-3, 0, 5, 20)):
         # group 0 holds 7·2^k: e = k - 6; the others' amax 2^(k-1) gives ceil(k - 1 - log2 448) = k - 9

@@ -28,11 +28,27 @@ def launch(weight, scales, ids, out, *, vocab_start, vocab_end, head_start, loca
     rows = ids.shape[0] * local_heads if sorted_dst is None else ids.numel()
     grid = 3
     eg.EngramLookupKernel(None)[(grid,)](
-        weight, scales, ids, ids if sorted_dst is None else sorted_dst, out, vocab_start, vocab_end, rows,
-        ids.stride(0), ids.stride(-1), HEAD_START=head_start, LOCAL_HEADS=local_heads, TOTAL_HEADS=ids.shape[-1],
-        DIM=DIM, QUANT_BLOCK=QB, BLOCK_R=16, GRID=grid, SORTED=int(sorted_dst is not None),  # int: the interpreter rejects bool args
-        PACKED=out.dtype == torch.uint8, OUT_STRIDE=out.stride(0),
-    )  # fmt: skip
+        weight,
+        scales,
+        ids,
+        ids if sorted_dst is None else sorted_dst,
+        out,
+        vocab_start,
+        vocab_end,
+        rows,
+        ids.stride(0),
+        ids.stride(-1),
+        HEAD_START=head_start,
+        LOCAL_HEADS=local_heads,
+        TOTAL_HEADS=ids.shape[-1],
+        DIM=DIM,
+        QUANT_BLOCK=QB,
+        BLOCK_R=16,
+        GRID=grid,
+        SORTED=int(sorted_dst is not None),  # int: the interpreter rejects bool args
+        PACKED=out.dtype == torch.uint8,
+        OUT_STRIDE=out.stride(0),
+    )
 
 
 @pytest.mark.parametrize(("head_start", "local_heads"), [(0, 4), (3, 2), (4, 2)])
@@ -66,8 +82,17 @@ def test_sorted_path_equals_unsorted() -> None:
     launch(weight, scales, ids.to(DEV), plain, vocab_start=0, vocab_end=30, head_start=0, local_heads=2)
     local, dst = ids.flatten().sort()
     srt = torch.empty_like(plain)
-    launch(weight, scales, local.to(DEV), srt, vocab_start=0, vocab_end=30, head_start=0, local_heads=2,
-           sorted_dst=dst.int().to(DEV))  # fmt: skip
+    launch(
+        weight,
+        scales,
+        local.to(DEV),
+        srt,
+        vocab_start=0,
+        vocab_end=30,
+        head_start=0,
+        local_heads=2,
+        sorted_dst=dst.int().to(DEV),
+    )
     assert_bitwise_equal("engram sorted", srt.cpu(), plain.cpu())
 
 
@@ -83,9 +108,28 @@ def test_matches_upstream_fp8_kernel_bitwise() -> None:
     outs = []
     for kernel in (upstream, eg.EngramLookupKernel(upstream)):
         out = torch.empty((33 * 3, DIM), dtype=torch.bfloat16, device="cuda")
-        kernel[(4,)](weight, scales, ids, ids, out, 8, 72, 99, ids.stride(0), ids.stride(1), HEAD_START=3,
-                     LOCAL_HEADS=3, TOTAL_HEADS=6, DIM=DIM, QUANT_BLOCK=QB, BLOCK_R=16, GRID=4, SORTED=False,
-                     PACKED=False, OUT_STRIDE=out.stride(0))  # fmt: skip
+        kernel[(4,)](
+            weight,
+            scales,
+            ids,
+            ids,
+            out,
+            8,
+            72,
+            99,
+            ids.stride(0),
+            ids.stride(1),
+            HEAD_START=3,
+            LOCAL_HEADS=3,
+            TOTAL_HEADS=6,
+            DIM=DIM,
+            QUANT_BLOCK=QB,
+            BLOCK_R=16,
+            GRID=4,
+            SORTED=False,
+            PACKED=False,
+            OUT_STRIDE=out.stride(0),
+        )
         outs.append(out)
     torch.cuda.synchronize()
     assert_bitwise_equal("engram vs upstream", outs[1], outs[0])

@@ -57,8 +57,14 @@ def test_bmm_within_two_bf16_ulp_of_fp32(tp: int) -> None:
     assert z.shape == (5, groups, R) and z.dtype == torch.bfloat16
     ref = op.wo_a_ref(o, wb, groups)
     scale = ref.abs().amax().item()
-    assert_close(f"wo_a tp{tp}", z.float(), ref, abs=2e-5 * scale, rel_in_eps=2 * 2**-7 / 2**-23,
-                 why="bf16 output rounding (1/2 ulp) plus fp32 accumulation order over K = 4096")  # fmt: skip
+    assert_close(
+        f"wo_a tp{tp}",
+        z.float(),
+        ref,
+        abs=2e-5 * scale,
+        rel_in_eps=2 * 2**-7 / 2**-23,
+        why="bf16 output rounding (1/2 ulp) plus fp32 accumulation order over K = 4096",
+    )
 
 
 def test_memory_per_rank() -> None:
@@ -91,14 +97,28 @@ def test_o_proj_front_matches_upstream_bf16_branch(tp: int) -> None:
     w, s = fp8_weight(f"front-w-tp{tp}", groups, HPG * D, "cuda")
     wb = op.dequant_block_fp8(w, s * 2.0**10)
     theirs = oproj.deep_gemm_fp8_o_proj(
-        o.clone(), positions, cos_sin, types.SimpleNamespace(weight=wb), lambda z: z,
-        n_groups=groups, heads_per_group=HPG, nope_dim=448, rope_dim=64, o_lora_rank=R,
-        einsum_recipe=(1, 128, 128), tma_aligned_scales=False,
-    )  # fmt: skip
+        o.clone(),
+        positions,
+        cos_sin,
+        types.SimpleNamespace(weight=wb),
+        lambda z: z,
+        n_groups=groups,
+        heads_per_group=HPG,
+        nope_dim=448,
+        rope_dim=64,
+        o_lora_rank=R,
+        einsum_recipe=(1, 128, 128),
+        tma_aligned_scales=False,
+    )
     rotated = o.clone()
     rms.rocm_inverse_rope_rows_(rotated, positions, cos_sin, 64)
     ours = op.wo_a_bmm(rotated, wb, groups).flatten(1)
     scale = theirs.float().abs().amax().item()
-    assert_close(f"o_proj front tp{tp}", ours.float(), theirs.float(), abs=2e-5 * scale,
-                 rel_in_eps=2 * 2**-7 / 2**-23,
-                 why="inverse RoPE roundings to bf16 may differ by 1 ulp (FMA contraction), then bf16 bmm")  # fmt: skip
+    assert_close(
+        f"o_proj front tp{tp}",
+        ours.float(),
+        theirs.float(),
+        abs=2e-5 * scale,
+        rel_in_eps=2 * 2**-7 / 2**-23,
+        why="inverse RoPE roundings to bf16 may differ by 1 ulp (FMA contraction), then bf16 bmm",
+    )
