@@ -1,8 +1,8 @@
 """Compile specs of every kernel we ship, found by walking `deepinfer_sm80.ops` (no hand list).
 
 A module (or package module) under `ops/` that defines a module-level `COMPILE_SPECS` tuple of
-`CompileSpec` is cross-compiled by `make sm80-report`; `tests/testing/test_registry.py` checks that
-every such module is found.
+`CompileSpec` (Triton) or `TILELANG_SPECS` (TileLang) is cross-compiled by `make sm80-report`;
+`overlay/tests/testing/test_registry.py` checks that every such module is found and compiled.
 """
 
 from __future__ import annotations
@@ -36,13 +36,20 @@ class CompileSpec:
             raise ValueError(f"{self.name}: {sorted(missing)} not in the signature")
 
 
-def kernel_modules(package: str = OPS_PACKAGE) -> tuple[str, ...]:
-    """Every module under `package` that defines COMPILE_SPECS, in walk order."""
+def kernel_modules(package: str = OPS_PACKAGE, attr: str = "COMPILE_SPECS") -> tuple[str, ...]:
+    """Every module under `package` that defines `attr` (COMPILE_SPECS or TILELANG_SPECS), in walk order."""
     root = importlib.import_module(package)
     names = [package, *(m.name for m in pkgutil.walk_packages(root.__path__, prefix=f"{package}."))]
-    return tuple(n for n in names if hasattr(importlib.import_module(n), "COMPILE_SPECS"))
+    return tuple(n for n in names if hasattr(importlib.import_module(n), attr))
 
 
 def all_specs(package: str = OPS_PACKAGE) -> Iterator[CompileSpec]:
+    """Triton kernels."""
     for module_name in kernel_modules(package):
         yield from importlib.import_module(module_name).COMPILE_SPECS
+
+
+def tilelang_specs(package: str = OPS_PACKAGE) -> Iterator[Any]:
+    """TileLang kernels (`testing.tilelang_compile.TileLangSpec`), ours and the upstream ones we launch."""
+    for module_name in kernel_modules(package, "TILELANG_SPECS"):
+        yield from importlib.import_module(module_name).TILELANG_SPECS

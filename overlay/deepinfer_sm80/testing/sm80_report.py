@@ -15,14 +15,21 @@ from pathlib import Path
 import torch
 import triton
 
-from deepinfer_sm80.registry import all_specs
+from deepinfer_sm80.registry import all_specs, tilelang_specs
 from deepinfer_sm80.testing.budgets import BUDGETS
 from deepinfer_sm80.testing.crosscompile import CompileReport, compile_for
 from deepinfer_sm80.testing.provenance import git_sha
 
 
-def build_reports() -> list[CompileReport]:
-    return [compile_for(spec, arch) for spec in all_specs() for arch in BUDGETS]
+def build_reports() -> tuple[list[CompileReport], str | None]:
+    """Triton and TileLang kernels for every arch; the reason TileLang was skipped, if it was."""
+    from deepinfer_sm80.testing.tilelang_compile import compile_tilelang, tilelang_missing_reason
+
+    reports = [compile_for(spec, arch) for spec in all_specs() for arch in BUDGETS]
+    skipped = tilelang_missing_reason()
+    if skipped is None:
+        reports += [compile_tilelang(spec, arch) for spec in tilelang_specs() for arch in BUDGETS]
+    return reports, skipped
 
 
 def format_table(reports: list[CompileReport]) -> str:
@@ -44,13 +51,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--json", type=Path, help="write the reports here")
     args = parser.parse_args(argv)
-    reports = build_reports()
+    reports, tilelang_skipped = build_reports()
     print(format_table(reports))
+    if tilelang_skipped:
+        print(f"TileLang kernels NOT compiled: {tilelang_skipped}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         payload = {
             "schema": 1,
-            "what": "Triton kernels cross-compiled on CPU for sm_80/sm_86; resources from cuobjdump",
+            "what": "Triton and TileLang kernels compiled on CPU for sm_80/sm_86; resources from cuobjdump",
+            "tilelang_skipped": tilelang_skipped,
             "triton": triton.__version__,
             "torch": torch.__version__,
             "git_sha": git_sha(),
