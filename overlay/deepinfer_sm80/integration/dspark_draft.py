@@ -1,8 +1,8 @@
-"""`DSparkSpeculator._sample_sequential` with the one-launch draft step (docs/DSPARK.md, "Wiring").
+"""`DSparkSpeculator._sample_sequential` with fused draft kernels (docs/DSPARK.md, "Wiring").
 
-Each draft position runs upstream's own Markov-bias GEMM, then one `draft_step` launch that adds the
-bias, samples, writes the token (and the draft-logits cache) and copies the next Markov row. Any
-configuration the kernel does not cover falls back to upstream's method unchanged.
+Where the in-kernel Markov bias equals upstream's GEMM bit for bit on this GPU and these weights (checked
+once, eagerly), all K positions run in one `draft_chain` launch; otherwise each position runs upstream's
+GEMM and one `draft_step` launch. Configurations neither covers fall back to upstream's method.
 """
 
 from __future__ import annotations
@@ -14,10 +14,13 @@ from typing import Any
 
 import torch
 
-from deepinfer_sm80.ops.dspark_draft import DraftScratch, draft_step
+from deepinfer_sm80.ops.dspark_draft import DraftScratch, chain, draft_step
 from deepinfer_sm80.ops.dspark_draft.kernel import LOGIT_DTYPES
 
 _SCRATCH_ATTR = "_deepinfer_dspark_scratch"
+_CHAIN_ATTR = "_deepinfer_dspark_chain"  # (ChainScratch, bias check passed) once decided
+PATH_ATTR = "_deepinfer_dspark_path"  # "chain" or "step": what the last call ran (for tests and logs)
+ENV_ONE_LAUNCH = "DEEPINFER_SM80_DSPARK_ONE_LAUNCH"  # "0": per-position launches even where the check passes
 
 
 def markov_table(spec: Any) -> torch.Tensor | None:
@@ -25,6 +28,35 @@ def markov_table(spec: Any) -> torch.Tensor | None:
     head = getattr(getattr(getattr(spec, "model", None), "model", None), "markov_head", None)
     weight = getattr(getattr(head, "markov_w1", None), "weight", None)
     return weight if isinstance(weight, torch.Tensor) and weight.dim() == 2 else None
+
+
+def markov_head_w2(spec: Any) -> torch.Tensor | None:
+    """markov_w2's plain weight [V, R] (None when quantized or absent: the chain needs it in-kernel)."""
+    head = getattr(getattr(getattr(spec, "model", None), "model", None), "markov_head", None)
+    weight = getattr(getattr(head, "markov_w2", None), "weight", None)
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 2 or weight.dtype != torch.bfloat16:
+        return None
+    return weight if weight.is_contiguous() else None
+
+
+def _chain(spec: Any, num_reqs: int, vocab: int, w1: torch.Tensor, w2: torch.Tensor | None) -> chain.ChainScratch | None:
+    """The one-launch chain's scratch where it applies, after a one-time bitwise bias check (eager)."""
+    if os.environ.get(ENV_ONE_LAUNCH) == "0" or w2 is None or w2.shape != w1.shape or not w1.is_contiguous():
+        return None
+    if w1.dtype != torch.bfloat16 or w1.shape[1] < 16:
+        return None
+    held = getattr(spec, _CHAIN_ATTR, None)
+    if held is None:
+        if w1.is_cuda and torch.cuda.is_current_stream_capturing():
+            return None  # decide (and allocate) outside graph capture only
+        probe = torch.linspace(0, vocab - 1, chain.ROW_TILE, device=w1.device).long()  # [16] token ids
+        embed = spec.model.markov_embed(probe).contiguous()
+        same = bool(torch.equal(spec.model.markov_bias(embed), chain.markov_bias(embed, w2)))  # one sync, once
+        scratch = chain.ChainScratch.allocate(spec.max_num_reqs, spec.num_speculative_steps, vocab, w1.device)
+        held = (scratch, same)
+        setattr(spec, _CHAIN_ATTR, held)
+    scratch, same = held
+    return scratch if same and scratch.logits.shape[1] == vocab else None
 
 
 def unsupported(spec: Any, head_hidden: torch.Tensor) -> str | None:
@@ -87,8 +119,19 @@ def sample_sequential(spec: Any, num_reqs: int, head_hidden: torch.Tensor) -> bo
     base_logits = base_logits.view(num_reqs, n_spec, vocab)
     idx_map = spec.sample_idx_mapping[:num_sample].view(num_reqs, n_spec)
     sample_pos = spec.sample_pos[:num_sample].view(num_reqs, n_spec)
-    embed = spec.model.markov_embed(spec.input_buffers.input_ids[spec._anchor_idx[:num_reqs]])
     gumbel = cache is not None
+    one_launch = _chain(spec, num_reqs, vocab, table, markov_head_w2(spec)) if base_logits.dtype == torch.bfloat16 else None
+    if one_launch is not None:
+        setattr(spec, PATH_ATTR, "chain")
+        chain.draft_chain(
+            base_logits, spec.input_buffers.input_ids, spec._anchor_idx[:num_reqs], table, markov_head_w2(spec),
+            spec.draft_tokens[:num_reqs], one_launch, gumbel=gumbel, idx_map=idx_map if gumbel else None,
+            temperature=spec.temperature if gumbel else None, seeds=spec.seeds if gumbel else None,
+            sample_pos=sample_pos if gumbel else None, logits_cache=cache,
+        )  # fmt: skip
+        return True
+    setattr(spec, PATH_ATTR, "step")
+    embed = spec.model.markov_embed(spec.input_buffers.input_ids[spec._anchor_idx[:num_reqs]])
     for i in range(n_spec):
         bias = spec.model.markov_bias(embed)  # upstream's GEMM: bitwise the bias it would add
         if bias.dtype != base_logits.dtype:

@@ -246,11 +246,21 @@ class DraftInputs:
 
 
 def draft_inputs(
-    kind: str, B: int, K: int, V: int, R: int, gen: torch.Generator, *, device: str | torch.device = "cpu"
+    kind: str,
+    B: int,
+    K: int,
+    V: int,
+    R: int,
+    gen: torch.Generator,
+    *,
+    device: str | torch.device = "cpu",
+    exact_markov: bool = False,
 ) -> DraftInputs:
     """Logits of `kind` (DRAFT_KINDS): exact ties, constant rows, NaN rows, -inf biases, T = 0 / padding.
 
     Drawn on the generator's device (a CUDA generator keeps the 66 MB Markov head off the host).
+    `exact_markov`: Markov weights on a coarse grid (multiples of 2^-2 and 2^-7, |bias| < 2^6) so every
+    bias sum is exact in fp32 and any summation order gives the same bf16 bias.
     """
     if kind not in DRAFT_KINDS:
         raise ValueError(f"draft input kind {kind!r} not in {DRAFT_KINDS}")
@@ -282,6 +292,9 @@ def draft_inputs(
     sample_pos = start + torch.arange(K, device=g)[None, :] + 1  # [B, K]
     w1 = torch.randn(V, R, generator=gen, device=g) * 0.5
     w2 = torch.randn(V, R, generator=gen, device=g) * 0.05
+    if exact_markov:
+        w1 = torch.randint(-4, 5, (V, R), generator=gen, device=g) * 0.25
+        w2 = torch.randint(-8, 9, (V, R), generator=gen, device=g) * 2.0**-7
     bf = torch.bfloat16
     return DraftInputs(
         base_logits=base.to(bf).to(device), bias=bias.to(bf).to(device),

@@ -18,6 +18,7 @@ import triton
 from deepinfer_sm80.bench.dspark_draft import POISON_LOGIT, POISON_TOKEN, stand_in
 from deepinfer_sm80.integration import dspark_draft as wiring
 from deepinfer_sm80.ops import dspark_draft as dd
+from deepinfer_sm80.ops.dspark_draft import chain
 from deepinfer_sm80.testing.compare import assert_bitwise_equal
 from deepinfer_sm80.testing.gates import requires_cuda, test_device
 from deepinfer_sm80.testing.inputs import DRAFT_KINDS, DraftInputs, draft_inputs, generator, seed_note
@@ -86,8 +87,9 @@ def up_speculator(up_gumbel):
         yield mod.DSparkSpeculator
 
 
-def case(kind: str, b: int = B, v: int = V) -> DraftInputs:
-    return draft_inputs(kind, b, K, v, R, generator(f"dspark-{kind}-{b}-{v}", DEV), device=DEV)
+def case(kind: str, b: int = B, v: int = V, exact: bool = False) -> DraftInputs:
+    name = f"dspark-{kind}-{b}-{v}{'-exact' if exact else ''}"
+    return draft_inputs(kind, b, K, v, R, generator(name, DEV), device=DEV, exact_markov=exact)
 
 
 def gpu_nan_gumbel(kind: str, gumbel: bool) -> bool:
@@ -218,6 +220,68 @@ def test_chain_matches_upstream_sample_sequential(kind, gumbel, up_speculator):
         assert_bitwise_equal(f"{kind} draft tokens vs reference chain", ours.draft_tokens[:B], tokens)
 
 
+# interpreter: the chain kernel is slow there (one program walks every block), so fewer cases
+CHAIN_CASES = (
+    [(k, g) for k in DRAFT_KINDS for g in (False, True)]
+    if GPU
+    else [("ties", False), ("temp0-and-padding", True), ("nan-rows", True)]
+)
+
+
+@pytest.mark.parametrize(("kind", "gumbel"), CHAIN_CASES, ids=lambda x: str(x))
+def test_one_launch_chain_matches_reference(kind, gumbel):
+    # exact Markov weights: the bias is the same in any summation order, so this checks the chain's
+    # logic bit for bit on any backend; the bias bits themselves are checked against cuBLAS on GPUs
+    inp = case(kind, exact=True)
+    slots = inp.temperature.shape[0]
+    ids = torch.full((slots * K,), 3, dtype=torch.int32, device=DEV)
+    anchor_idx = torch.arange(B, device=DEV) * K
+    ids[anchor_idx] = inp.anchor.int()
+    tokens = torch.full((B, K), POISON_TOKEN, dtype=torch.long, device=DEV)
+    cache = torch.full((slots, K, V), POISON_LOGIT, dtype=torch.bfloat16, device=DEV) if gumbel else None
+    scratch = chain.ChainScratch.allocate(B + 1, K, V, DEV)
+    chain.draft_chain(
+        inp.base_logits, ids, anchor_idx, inp.markov_w1, inp.markov_w2, tokens, scratch, gumbel=gumbel,
+        idx_map=inp.idx_map, temperature=inp.temperature, seeds=inp.seeds, sample_pos=inp.sample_pos,
+        logits_cache=cache,
+    )  # fmt: skip
+    assert scratch.sync.tolist() == [0, 0, 0], "barrier counters not reset inside the launch (or timed out)"
+    want, logits = dd.draft_chain_ref(
+        inp.base_logits, inp.anchor, inp.markov_w1, inp.markov_w2, gumbel=gumbel, idx_map=inp.idx_map,
+        temperature=inp.temperature, seeds=inp.seeds, pos=inp.sample_pos - 1,
+    )  # fmt: skip
+    note = seed_note(f"dspark-{kind}-{B}-{V}-exact")
+    if not gpu_nan_gumbel(kind, gumbel):
+        assert_bitwise_equal(f"{kind} one-launch tokens vs reference chain ({note})", tokens, want)
+    if gumbel:
+        want_cache = torch.full_like(cache, POISON_LOGIT)
+        for i in range(K):
+            ok = inp.idx_map[:, i] >= 0
+            want_cache[inp.idx_map[ok, i], i] = logits[ok, i]
+        assert_bitwise_equal(f"{kind} one-launch logits cache vs reference", cache, want_cache)
+
+
+@pytest.mark.parametrize("exact", [True, False], ids=["exact-markov", "random-markov"])
+def test_wiring_picks_one_launch_only_where_the_bias_is_bitwise(exact, up_speculator):
+    inp = case("random", exact=exact)
+    theirs, hidden = stand_in(up_speculator, inp, True)
+    up_speculator._sample_sequential(theirs, B, hidden)
+    ours, hidden2 = stand_in(up_speculator, inp, True)
+    assert wiring.sample_sequential(ours, B, hidden2)
+    path = getattr(ours, wiring.PATH_ATTR)
+    # exact weights pass the check everywhere; random ones on the H200 (tl.dot = cuBLAS there), while
+    # the interpreter's numpy dot sums in another order than oneDNN, so the CPU keeps the step path
+    assert path == ("chain" if exact or GPU else "step")
+    assert_bitwise_equal(f"{path} path tokens vs upstream chain", ours.draft_tokens, theirs.draft_tokens)
+    assert_bitwise_equal(f"{path} path logits cache vs upstream", ours.draft_logits, theirs.draft_logits)
+
+
+def test_one_launch_can_be_switched_off(up_speculator, monkeypatch):
+    monkeypatch.setenv(wiring.ENV_ONE_LAUNCH, "0")
+    ours, hidden = stand_in(up_speculator, case("random", exact=True), False)
+    assert wiring.sample_sequential(ours, B, hidden) and getattr(ours, wiring.PATH_ATTR) == "step"
+
+
 def test_binding_wrapper_falls_back_to_upstream(up_speculator):
     inp = case("random")
     calls = []
@@ -266,8 +330,10 @@ def test_launcher_rejects(change, match):
 
 # ----------------------------------------------------------------------------- GPU only
 @requires_cuda
+@pytest.mark.parametrize("one_launch", ["1", "0"], ids=["one-launch", "per-step"])
 @pytest.mark.parametrize("gumbel", [False, True], ids=["greedy", "gumbel"])
-def test_cuda_graph_capture_and_replay(gumbel, up_speculator):
+def test_cuda_graph_capture_and_replay(gumbel, one_launch, up_speculator, monkeypatch):
+    monkeypatch.setenv(wiring.ENV_ONE_LAUNCH, one_launch)
     first, second = case("random"), case("ties")
     ours, hidden = stand_in(up_speculator, first, gumbel)
     wiring.sample_sequential(ours, B, hidden)  # eager warm-up allocates the scratch
@@ -275,6 +341,7 @@ def test_cuda_graph_capture_and_replay(gumbel, up_speculator):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         assert wiring.sample_sequential(ours, B, hidden)
+    assert getattr(ours, wiring.PATH_ATTR) == ("chain" if one_launch == "1" else "step")
     for inp in (second, first, second):
         want, want_hidden = stand_in(up_speculator, inp, gumbel)
         up_speculator._sample_sequential(want, B, want_hidden)

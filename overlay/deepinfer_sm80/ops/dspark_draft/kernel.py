@@ -67,7 +67,7 @@ def _draft_noise(seed, pos, token):
 
 
 @triton.jit
-def _round_to_bf16(x):
+def round_to_bf16(x):
     """fp32 -> bf16 round-to-nearest-even in integer ops: (bf16 value, the same value as fp32).
 
     Written out because the interpreter's fp32 -> bf16 cast truncates; compiled, this is the
@@ -78,6 +78,29 @@ def _round_to_bf16(x):
     bits = tl.where(x != x, 0x7FC00000, bits)
     wide = bits.to(tl.float32, bitcast=True)
     return (bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True), wide
+
+
+@triton.jit
+def block_best(v, token, mask, lane, temp, seed, pos, GUMBEL: tl.constexpr, BLOCK: tl.constexpr):
+    """(best value, lane) of one 1,024-wide block of fp32 logits (masked lanes -inf).
+
+    Gumbel: upstream's rule, temperature then noise then tl.max with first-index ties; the block has
+    upstream's shape and warps so a NaN resolves as there. Greedy: torch.argmax's rule, the first
+    NaN, else the first maximum.
+    """
+    if GUMBEL:
+        if temp != 0.0:
+            v = v / temp
+            v = tl.where(mask, v + _draft_noise(seed, pos + _SALT, token), float("-inf"))
+        val, idx = tl.max(v, axis=0, return_indices=True)
+    else:
+        is_nan = v != v
+        nan_lane = tl.min(tl.where(is_nan, lane, BLOCK), axis=0)
+        top, top_lane = tl.max(tl.where(is_nan, float("-inf"), v), axis=0, return_indices=True)
+        has_nan = nan_lane < BLOCK
+        val = tl.where(has_nan, float("nan"), top)
+        idx = tl.where(has_nan, nan_lane, top_lane)
+    return val, idx
 
 
 @triton.jit
@@ -129,10 +152,13 @@ def _draft_step_kernel(
     y = tl.load(bias_ptr + b * bias_stride + offs, mask=mask, other=0.0)
     total = x.to(tl.float32) + y.to(tl.float32)
     if ROUND_BF16:
-        logits, total = _round_to_bf16(total)  # one rounding, as the eager bf16 add
+        logits, total = round_to_bf16(total)  # one rounding, as the eager bf16 add
     else:
         logits = total
     v = tl.where(mask, total, float("-inf"))
+    temp = 0.0
+    seed = 0
+    pos = 0
     if GUMBEL:
         req = tl.load(idx_map_ptr + b * idx_map_stride).to(tl.int64)
         valid = req >= 0
@@ -143,20 +169,7 @@ def _draft_step_kernel(
         temp = tl.load(temp_ptr + req, mask=valid, other=0.0).to(tl.float32)
         seed = tl.load(seed_ptr + req, mask=valid, other=0)
         pos = tl.load(pos_ptr + b * pos_stride).to(tl.int64) + pos_offset
-        if temp != 0.0:
-            v = v / temp
-            noise = _draft_noise(seed, pos + _SALT, vocab_start + offs)
-            v = tl.where(mask, v + noise, float("-inf"))
-        # upstream's block reduction exactly (same shape and warps): NaNs resolve the same way
-        val, idx = tl.max(v, axis=0, return_indices=True)
-    else:
-        # torch.argmax's rule: the first NaN, else the first maximum
-        is_nan = v != v
-        nan_lane = tl.min(tl.where(is_nan, lane, BLOCK), axis=0)
-        top, top_lane = tl.max(tl.where(is_nan, float("-inf"), v), axis=0, return_indices=True)
-        has_nan = nan_lane < BLOCK
-        val = tl.where(has_nan, float("nan"), top)
-        idx = tl.where(has_nan, nan_lane, top_lane)
+    val, idx = block_best(v, vocab_start + offs, mask, lane, temp, seed, pos, GUMBEL, BLOCK)
     tl.store(part_val_ptr + b * part_stride + j, val)
     tl.store(part_idx_ptr + b * part_stride + j, j * BLOCK + idx)
     # release: this block's partial is visible before the count; acquire: the last sees them all
