@@ -39,9 +39,11 @@ PREFILL_HEADS = (16, 32)
 RATIO = 4
 # optimized decode tiles (rows, warps, stages) timed beside the default at SWEEP_AT (H200 != SM80: a
 # hint, the default stays the one that fits 2 CTAs per SM80 SM with no spills)
-TILE_SWEEP = ((32, 8, 1), (32, 4, 2))
-SWEEP_AT = ((6, 16, 16_384), (24, 16, 16_384))
-MAX_SETS = 8
+TILE_SWEEP = ((32, 4, 2),)
+SPLIT_SWEEP = (8, 20, 40)  # forced split counts beside the heuristic's
+SWEEP_AT = ((1, 16, 16_384), (6, 16, 16_384), (24, 16, 16_384))
+TQ_AT_128K = (6, 16, 24, 48)  # the second run's device budget: run 1 has every Tq at 128K
+MAX_SETS = 4
 SEED = {
     "decode_tq6_us": (149.6, 69.9),
     "decode_tq24_us": (349.1, 167.5),
@@ -145,7 +147,34 @@ def _decode_shape(up, tq: int, heads: int, ctx: int, ceilings: Ceilings, rows: l
             t = summarize(
                 f"decode {name} tile{tile}", time_graph(run_tile, n_sets, replays=5), bytes_moved, ceilings
             )
-            times[("sweep", tile, tq, heads, ctx)] = t
+            times[("sweep", f"tile{tile}", tq, heads, ctx)] = t
+            print(format_line(t, _close(out[0].cpu(), outs["upstream"][0].cpu(), 448.0)))
+        for splits in SPLIT_SWEEP:
+            out = [torch.empty_like(s.q) for s in sets]
+
+            def run_split(i: int, splits: int = splits, out: list = out) -> None:
+                s = sets[i]
+                main = dec._segment("swa", None, None, s.swa_ragged, s.swa_indptr, tq)
+                extra = dec._segment("topk", None, None, s.topk_ragged, s.topk_indptr, tq)
+                dec.decode_into(
+                    s.q,
+                    s.swa_cache,
+                    main,
+                    s.kv_cache,
+                    extra,
+                    s.sink,
+                    V41.scale,
+                    out[i],
+                    None,
+                    None,
+                    level="optimized",
+                    splits=splits,
+                )
+
+            t = summarize(
+                f"decode {name} S={splits}", time_graph(run_split, n_sets, replays=5), bytes_moved, ceilings
+            )
+            times[("sweep", f"S{splits}", tq, heads, ctx)] = t
             print(format_line(t, _close(out[0].cpu(), outs["upstream"][0].cpu(), 448.0)))
 
 
@@ -244,7 +273,7 @@ def main(out_dir: Path, ceilings: Ceilings) -> dict[str, object]:
     errors = []
     for label, ctx in CONTEXTS.items():
         for heads in DECODE_HEADS:
-            for tq in DECODE_TQ:
+            for tq in DECODE_TQ if ctx == min(CONTEXTS.values()) else TQ_AT_128K:
                 try:
                     _decode_shape(up, tq, heads, ctx, ceilings, rows, dt)
                 except Exception:  # one broken shape must not lose the rest of the run
@@ -262,9 +291,15 @@ def main(out_dir: Path, ceilings: Ceilings) -> dict[str, object]:
         "targets": _targets(dt, pt) if dt and pt else [],
         "errors": errors,
         "tile_sweep_us": {
-            f"tq{k[2]}-h{k[3]}-ctx{k[4] // 1024}k tile{k[1]}": t.us for k, t in dt.items() if k[0] == "sweep"
+            f"tq{k[2]}-h{k[3]}-ctx{k[4] // 1024}k {k[1]}": t.us for k, t in dt.items() if k[0] == "sweep"
         },
         "default_tile": [dec.BLOCK_N, dec.NUM_WARPS, dec.NUM_STAGES],
+        "heuristic_splits": {
+            f"tq{tq}-h16": dec.num_splits(
+                tq, 1, 640.0, torch.cuda.get_device_properties(0).multi_processor_count
+            )
+            for tq in DECODE_TQ
+        },
         "seed_write_up": SEED,
         "note": "H200 (sm_90) runs our SM80 kernels with software e4m3; upstream uses hardware e4m3 there. "
         "Small Tq sets fit in L2 (at most 8 rotating input sets).",

@@ -32,8 +32,8 @@ BLOCK_N = 16
 NUM_WARPS = 4
 NUM_STAGES = 2
 CTAS_PER_SM = 2
-MAX_SPLITS = 16
-REDUCE_BLOCK_H = 16
+MAX_SPLITS = 40  # 640 rows / 16: one tile a split at most
+REDUCE_BLOCK_H = 1  # a program per (query, head): 16 heads a program left one CTA reading all splits
 
 
 @functools.cache
@@ -68,7 +68,7 @@ def base_num_splits(num_queries: int, heads_blocks: int, avg_main: float, avg_ex
 
 
 def num_splits(num_queries: int, heads_blocks: int, avg_rows: float, sms: int, block_n: int = BLOCK_N) -> int:
-    """Splits for the optimized kernel: cost(s) = waves(s)·(tiles per split + 1) + (s > 1), with
+    """Splits for the optimized kernel: cost(s) = waves(s)·(tiles per split + 1) + [s > 1]·(1 + s/16),
     waves = ceil(Tq·head_blocks·s / (CTAS_PER_SM·SMs)); the +1 is a CTA's fixed work
     (Q load, epilogue) and the last term the reduce launch. Ties go to fewer splits."""
     tiles = max(1, math.ceil(avg_rows / block_n))
@@ -79,7 +79,7 @@ def num_splits(num_queries: int, heads_blocks: int, avg_rows: float, sms: int, b
         per_split = math.ceil(tiles / s)
         if s > 1 and math.ceil(tiles / (s - 1)) == per_split:
             continue  # same tiles per split as s - 1: only more reduce work
-        cost = math.ceil(work * s / slots) * (per_split + 1) + (1 if s > 1 else 0)
+        cost = math.ceil(work * s / slots) * (per_split + 1) + ((1 + s / 16) if s > 1 else 0)
         if best_cost is None or cost < best_cost:
             best, best_cost = s, cost
     return best
@@ -252,7 +252,7 @@ def decode_into(
             num_stages=tile[2],
         )
     if not direct:
-        reduce_h = 1 if level == "base" else REDUCE_BLOCK_H
+        reduce_h = REDUCE_BLOCK_H
         _reduce_kernel[(num_queries, triton.cdiv(num_heads, reduce_h))](
             part_m,
             part_l,
@@ -462,7 +462,7 @@ _OPT_SIG = _const(_sig(_HEAD_ARGS + _PART + _TAIL + _FLAGS + " BLOCK_N DIRECT HA
 _RED_SIG = _const(
     _sig(
         "part_m_ptr part_l_ptr part_acc_ptr num_splits num_heads" + _TAIL + " HAS_SINK FUSE_INV_ROPE BLOCK_H",
-        _PTRS,
+        {**_PTRS, "num_splits": "constexpr"},
     )
 )
 # production: ragged SWA lists over 32-token SWA pages + ragged top-k over 32-state compressed pages
@@ -499,13 +499,13 @@ COMPILE_SPECS = (
     ),
     *(
         CompileSpec(
-            f"sparse_mla.decode.reduce.h{bh}",
+            f"sparse_mla.decode.reduce.s{splits}",
             _reduce_kernel,
             _RED_SIG,
-            {"HAS_SINK": True, "FUSE_INV_ROPE": True, "BLOCK_H": bh},
+            {"num_splits": splits, "HAS_SINK": True, "FUSE_INV_ROPE": True, "BLOCK_H": REDUCE_BLOCK_H},
             num_warps=4,
             divisible_by_16=tuple(a for a in _ALIGNED if a in _RED_SIG),
         )
-        for bh in (1, REDUCE_BLOCK_H)
+        for splits in (BASE_MAX_SPLITS, MAX_SPLITS)
     ),
 )

@@ -379,7 +379,7 @@ def _reduce_kernel(
     part_m_ptr,
     part_l_ptr,
     part_acc_ptr,
-    num_splits,
+    num_splits: tl.constexpr,
     num_heads,
     sink_ptr,
     out_ptr,
@@ -394,7 +394,8 @@ def _reduce_kernel(
 ):
     """Grid (Tq, ceil(H / BLOCK_H)): m* = max(max_s m_s, sink), w_s = exp(m_s − m*),
     l = Σ w_s·l_s + exp(sink − m*), out = Σ w_s·acc_s / l. Split 0 seeds the sums (no 0 + x), so one
-    split gives the direct path's operands exactly."""
+    split gives the direct path's operands exactly; the split count is a constexpr so the unrolled
+    loads of all splits issue at once."""
     q_idx = tl.program_id(0)
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     head_mask = heads < num_heads
@@ -402,7 +403,7 @@ def _reduce_kernel(
     base = q_idx * num_splits * num_heads + heads  # [BLOCK_H]: split 0
     m_0 = tl.load(part_m_ptr + base, mask=head_mask, other=_NEG_LARGE)
     m_max = m_0
-    for s in range(1, num_splits):
+    for s in tl.static_range(1, num_splits):
         m_max = tl.maximum(
             m_max, tl.load(part_m_ptr + base + s * num_heads, mask=head_mask, other=_NEG_LARGE)
         )
@@ -415,7 +416,7 @@ def _reduce_kernel(
     l_final = w * tl.load(part_l_ptr + base, mask=head_mask, other=0.0)
     acc_ptr = part_acc_ptr + base.to(tl.int64)[:, None] * _HEAD + cols[None, :]
     acc = tl.load(acc_ptr, mask=head_mask[:, None], other=0.0) * w[:, None]
-    for s in range(1, num_splits):
+    for s in tl.static_range(1, num_splits):
         row = base + s * num_heads
         w = tl.exp(tl.load(part_m_ptr + row, mask=head_mask, other=_NEG_LARGE) - m_final)
         l_final = l_final + w * tl.load(part_l_ptr + row, mask=head_mask, other=0.0)
