@@ -23,7 +23,7 @@ import triton
 from deepinfer_sm80.formats.indexer_k import RECORD_BYTES
 from deepinfer_sm80.ops.indexer import k_store, q_quant, stream
 from deepinfer_sm80.ops.indexer import logits as lg
-from deepinfer_sm80.testing.bench import Ceilings, Row, Target, at_least, at_most
+from deepinfer_sm80.testing.bench import Ceilings, Row, Target, at_least, at_most, time_graph
 
 H, D, TOPK = 32, 128, 512
 PREFILL_QUERIES = 8192
@@ -172,6 +172,10 @@ def check_logits() -> dict[str, object]:
     magd = torch.einsum("rhd,rnd->rhn", qd, codes_all.view(torch.float8_e4m3fn).float()).relu()
     magd = magd.mul(wd.abs()[:, :, None]).sum(1) * sc_all
     res["decode_vs_upstream_triton_max_rel"] = normalized_error(ours_d, up_d, magd)
+    exact_d = torch.einsum("rhd,rnd->rhn", qd.double(), codes_all.view(torch.float8_e4m3fn).double()).relu()
+    exact_d = exact_d.mul(wd.double()[:, :, None]).sum(1) * sc_all.double()
+    res["decode_vs_fp64_max_rel"] = normalized_error(ours_d, exact_d, magd)
+    res["decode_upstream_vs_fp64_max_rel"] = normalized_error(up_d, exact_d, magd)
     say(f"logits vs upstream: {res}")
     return res
 
@@ -289,31 +293,43 @@ def decode(ceilings: Ceilings, rows_out: list[Row], res: dict[str, object]) -> N
             q4 = codes((r, 1, H, D), gen)
             w = torch.randn(r, H, generator=gen, device=DEVICE) * 2.0**-6
             lens = torch.full((r,), ctx, dtype=torch.int32, device=DEVICE)
-            btr = bt[:r].contiguous()
+            # input sets of distinct pages, rotated per call so no call reads what the last left in L2
+            sets = [bt[j * r : (j + 1) * r].contiguous() for j in range(max(DECODE_ROWS) // r)]
             idx = torch.empty((r, TOPK), dtype=torch.int32, device=DEVICE)
             kbytes = r * ctx * RECORD_BYTES
 
-            def run_logits() -> torch.Tensor:
-                return lg.fp8_fp4_paged_mqa_logits((q4, None), pool, w, lens, btr, None, ctx, False)
+            def run_logits(i: int = 0) -> torch.Tensor:
+                return lg.fp8_fp4_paged_mqa_logits((q4, None), pool, w, lens, sets[i % len(sets)], None, ctx, False)
 
-            def run_dense() -> torch.Tensor:
-                return torch.topk(run_logits(), TOPK, dim=1).indices
+            def run_dense(i: int = 0) -> torch.Tensor:
+                return torch.topk(run_logits(i), TOPK, dim=1).indices
 
-            def run_stream() -> None:
-                stream.indexer_topk_decode(q4, w, pool, lens, btr, ctx, idx)
+            def run_stream(i: int = 0) -> None:
+                stream.indexer_topk_decode(q4, w, pool, lens, sets[i % len(sets)], ctx, idx)
 
-            t_l, t_d, t_s = time_us(run_logits, 10), time_us(run_dense, 5), time_us(run_stream, 5)
+            n_sets = len(sets)
+            t_l = statistics.median(time_graph(run_logits, n_sets, replays=10))
+            t_d = statistics.median(time_graph(run_dense, n_sets, replays=5))
+            t_s = statistics.median(time_graph(run_stream, n_sets, replays=5))
             pct = 100 * kbytes / (t_l * 1e3) / ceilings.copy_gbps
             entry: dict[str, object] = {
                 "logits_us": round(t_l, 1), "logits_pct_of_copy": round(pct, 1), "dense_topk_us": round(t_d, 1),
                 "stream_us": round(t_s, 1), "dense_workspace_mb": round(peak_bytes(run_dense) / 2**20, 1),
-                "stream_workspace_mb": round(peak_bytes(run_stream) / 2**20, 1),
+                "stream_workspace_mb": round(peak_bytes(run_stream) / 2**20, 1), "timing": "CUDA graph, rotated page sets",
             }  # fmt: skip
             if pool_up is not None:
-                bu = bt_up[:r].contiguous()
-                t_u = time_us(lambda: upstream_paged(_fp8_paged_mqa_logits_decode_kernel, q4, pool_up, w, lens, bu, ctx), 10)  # noqa: B023
+                up_sets = [bt_up[j * r : (j + 1) * r].contiguous() for j in range(n_sets)]
+
+                def run_up(i: int = 0) -> torch.Tensor:
+                    return upstream_paged(_fp8_paged_mqa_logits_decode_kernel, q4, pool_up, w, lens, up_sets[i % n_sets], ctx)
+
+                t_u = statistics.median(time_graph(run_up, n_sets, replays=10))
                 entry["upstream_triton_fp8_logits_us"] = round(t_u, 1)
-                rows_out.append(Row("indexer_decode_logits", "upstream", f"r{r}", ctx, round(t_u, 1), None, None, None, "close"))
+                rows_out.append(Row("indexer_decode_logits", "upstream", f"r{r}", ctx, round(t_u, 1), round(kbytes / (t_u * 1e3), 1), round(100 * kbytes / (t_u * 1e3) / ceilings.copy_gbps, 1), None, "close"))
+            if r == 8:
+                dense_idx = run_dense(0)
+                run_stream(0)
+                entry["rows_same_set"] = sum(set(a) == set(b) for a, b in zip(idx.tolist(), dense_idx.tolist(), strict=True))
             gb = kbytes / (t_l * 1e3)
             rows_out.append(Row("indexer_decode_logits", "base", f"r{r}", ctx, round(t_l, 1), round(gb, 1), round(pct, 1), None, "close"))
             rows_out.append(Row("indexer_decode_topk", "base", f"r{r}", ctx, round(t_d, 1), None, None, None, "n/a"))

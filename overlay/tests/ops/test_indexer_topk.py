@@ -210,10 +210,11 @@ def test_decode_candidates_write_and_read() -> None:
 def test_workspace_bound_is_independent_of_context() -> None:
     for ctx in (1 << 16, 1 << 18, 1 << 20, 1 << 22):
         assert stream.decode_workspace_bytes(48, ctx, K) <= stream.WORKSPACE_BYTES
-        r, c = stream.plan(8192, ctx, K, 0, 8, stream.WORKSPACE_BYTES)
+        for kb in (0, 2048):
+            r, c = stream.plan(8192, ctx, K, kb, 8, stream.WORKSPACE_BYTES, per_row=stream.prefill_row_bytes)
+            assert r * stream.prefill_row_bytes(c, K, kb, 8) <= stream.WORKSPACE_BYTES
+        r, c = stream.plan(8192, 16384, K, 0, 8, stream.WORKSPACE_BYTES, 1, 16384)  # candidate-only
         assert r * stream.workspace_per_row(c, K, 0, 8) <= stream.WORKSPACE_BYTES
-        r, c = stream.plan(8192, ctx, K, 2048, 8, stream.WORKSPACE_BYTES)
-        assert r * stream.workspace_per_row(c, K, 2048, 8) <= stream.WORKSPACE_BYTES
 
 
 @requires_cuda

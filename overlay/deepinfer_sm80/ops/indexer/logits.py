@@ -48,6 +48,52 @@ def e4m3_to_f16_scaled(b):
     return h.to(tl.float16, bitcast=True)
 
 
+@triton.jit
+def e4m3_words_to_f16(words):
+    """int32 words of 4 codes (dims 4i..4i+3, little-endian) -> four fp16 tensors holding value·2^-8 of
+    dims 4i, 4i+1, 4i+2, 4i+3, exact for finite codes. Two codes decode at once per 32-bit word:
+    with b in the low byte of a 16-bit lane, (b + (b & 0x80)) << 7 carries the sign bit from bit 14
+    to bit 15 and leaves the magnitude in bits 13..7 — the same pattern as e4m3_to_f16_scaled."""
+    even = words & 0x00FF00FF  # dims 4i (low half), 4i+2 (high half)
+    odd = (words >> 8) & 0x00FF00FF  # dims 4i+1, 4i+3
+    fe = (even + (even & 0x00800080)) << 7
+    fo = (odd + (odd & 0x00800080)) << 7
+    f16 = tl.float16
+    k0 = fe.to(tl.int16).to(f16, bitcast=True)
+    k2 = (fe >> 16).to(tl.int16).to(f16, bitcast=True)
+    k1 = fo.to(tl.int16).to(f16, bitcast=True)
+    k3 = (fo >> 16).to(tl.int16).to(f16, bitcast=True)
+    return k0, k1, k2, k3
+
+
+@triton.jit
+def load_q_quads(q_row_ptr, HEADS: tl.constexpr, D: tl.constexpr):
+    """One query row's [HEADS, D] codes as four fp16 [HEADS, D/4] tensors of dims 4i+j (value·2^-8)."""
+    h = tl.arange(0, HEADS)
+    qb = q_row_ptr + h[:, None] * D + 4 * tl.arange(0, D // 4)[None, :]
+    q0 = e4m3_to_f16_scaled(tl.load(qb))
+    q1 = e4m3_to_f16_scaled(tl.load(qb + 1))
+    q2 = e4m3_to_f16_scaled(tl.load(qb + 2))
+    q3 = e4m3_to_f16_scaled(tl.load(qb + 3))
+    return q0, q1, q2, q3
+
+
+@triton.jit
+def row_logits_words(q0, q1, q2, q3, w, key_ptrs, D: tl.constexpr, mask):
+    """Σ_h w[h]·relu(q·k) (times 2^-16) of one query row against keys whose rows start at key_ptrs
+    ([BLOCK_N] uint8 pointers, 4-byte aligned; masked-off keys read as 0): four MMAs over the dims
+    mod 4, so K decodes two codes per 32-bit operation (e4m3_words_to_f16)."""
+    i4 = tl.arange(0, D // 4)
+    ptrs = key_ptrs.to(tl.pointer_type(tl.int32))[None, :] + i4[:, None]
+    words = tl.load(ptrs, mask=mask[None, :], other=0)  # [D/4, BLOCK_N]
+    k0, k1, k2, k3 = e4m3_words_to_f16(words)
+    s = tl.dot(q0, k0, out_dtype=tl.float32)
+    s = tl.dot(q1, k1, s, out_dtype=tl.float32)
+    s = tl.dot(q2, k2, s, out_dtype=tl.float32)
+    s = tl.dot(q3, k3, s, out_dtype=tl.float32)
+    return tl.sum(tl.maximum(s, 0.0) * w[:, None], axis=0)
+
+
 # ----------------------------------------------------------------------------- prefill (dense)
 @triton.jit
 def _prefill_logits_kernel(
@@ -193,8 +239,7 @@ def _paged_logits_kernel(
     else:
         req = row // NEXT_N
     h = tl.arange(0, HEADS)
-    d = tl.arange(0, D)
-    q = e4m3_to_f16_scaled(tl.load(q_ptr + (row.to(tl.int64) * HEADS + h[:, None]) * D + d[None, :]))
+    q0, q1, q2, q3 = load_q_quads(q_ptr + row.to(tl.int64) * HEADS * D, HEADS, D)
     w = tl.load(w_ptr + row.to(tl.int64) * w_stride + h)
     for t in range(TILES):
         n0 = span_lo + t * BLOCK_N
@@ -202,9 +247,7 @@ def _paged_logits_kernel(
             blk = tl.load(bt_ptr + req.to(tl.int64) * bt_stride + n0 // block_size)
             page = cache_ptr + blk.to(tl.int64) * page_stride
             off = n0 % block_size + tl.arange(0, BLOCK_N)
-            kt = tl.load(page + off[None, :] * D + d[:, None])  # [D, BLOCK_N]
-            s = tl.dot(q, e4m3_to_f16_scaled(kt), out_dtype=tl.float32)  # [H, BLOCK_N]
-            logit = tl.sum(tl.maximum(s, 0.0) * w[:, None], axis=0)
+            logit = row_logits_words(q0, q1, q2, q3, w, page + off * D, D, off >= 0)
             kscale = tl.load((page + block_size * D + off * 4).to(tl.pointer_type(tl.float32))) * _UNDO
             n = n0 + tl.arange(0, BLOCK_N)
             tl.store(out_ptr + row.to(tl.int64) * out_stride + n, logit * kscale, mask=n < length)
@@ -213,6 +256,28 @@ def _paged_logits_kernel(
 DECODE_BLOCK_N = 64
 DECODE_TILES = 8
 DECODE_WARPS = 4
+
+
+_SM_COUNT: dict[str, int] = {}
+
+
+def sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 4
+    key = str(device)
+    if key not in _SM_COUNT:
+        _SM_COUNT[key] = torch.cuda.get_device_properties(device).multi_processor_count
+    return _SM_COUNT[key]
+
+
+def decode_tiles(rows: int, width: int, device: torch.device) -> int:
+    """Tiles per program: DECODE_TILES, halved while the grid would be under 4 programs per SM (a
+    single decode row at 64K keys would otherwise run 128 programs on 132 SMs). Depends only on the
+    static shape, so a captured graph keeps it."""
+    tiles = DECODE_TILES
+    while tiles > 1 and rows * triton.cdiv(width, DECODE_BLOCK_N * tiles) < 4 * sm_count(device):
+        tiles //= 2
+    return tiles
 
 
 def decode_rows(
@@ -283,13 +348,14 @@ def launch_paged_logits(
     width = out.shape[1]
     if not rows or not width:
         return
-    span = DECODE_BLOCK_N * DECODE_TILES
+    tiles = decode_tiles(rows, width, q8.device)
+    span = DECODE_BLOCK_N * tiles
     _paged_logits_kernel[(rows, triton.cdiv(width, span))](
         q8, weights, weights.stride(0), kv_cache, kv_cache.stride(0), block_size,
         block_tables, block_tables.stride(0), lens, req if req is not None else lens,
         out, out.stride(0),
         HEADS=heads, D=INDEX_DIM, NEXT_N=next_n, HAS_REQ=req is not None,
-        BLOCK_N=DECODE_BLOCK_N, TILES=DECODE_TILES, num_warps=DECODE_WARPS,
+        BLOCK_N=DECODE_BLOCK_N, TILES=tiles, num_warps=DECODE_WARPS,
     )  # fmt: skip
 
 

@@ -18,8 +18,15 @@ import triton
 import triton.language as tl
 
 from deepinfer_sm80.formats.indexer_k import CANDIDATE_BLOCKS, CODE_BYTES, INDEX_DIM, check_k_cache
-from deepinfer_sm80.ops.indexer.logits import _as_u8, decode_rows, e4m3_to_f16_scaled
-from deepinfer_sm80.ops.indexer.select import INVALID_KEY, keys_to_columns
+from deepinfer_sm80.ops.indexer.logits import (
+    _as_u8,
+    decode_rows,
+    decode_tiles,
+    e4m3_to_f16_scaled,
+    load_q_quads,
+    row_logits_words,
+)
+from deepinfer_sm80.ops.indexer.select import INVALID_KEY, keys_to_columns, ordered_int32
 from deepinfer_sm80.registry import CompileSpec
 
 WORKSPACE_BYTES = 128 << 20
@@ -47,9 +54,11 @@ def _max_nan(a, b):
 
 @triton.jit
 def _store_block_keys(
-    blk_ptr, blk_stride, r, r_ok, logit, valid, j0, length, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BS: tl.constexpr
-):
-    """Layer 20's block keys of one [BLOCK_M, BLOCK_N] tile starting at row-local column j0 (a multiple of BS)."""
+    blk_ptr, blk_stride, r, r_ok, logit, valid, j0, length, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BS: tl.constexpr, AS_VALUES: tl.constexpr,
+):  # fmt: skip
+    """Layer 20's block scores of one [BLOCK_M, BLOCK_N] tile starting at row-local column j0 (a multiple
+    of BS): int64 keys, or (AS_VALUES) fp32 scores with -inf for blocks without a valid column."""
     nb: tl.constexpr = BLOCK_N // BS
     lm = tl.where(valid, logit, float("-inf"))
     bmax = tl.reduce(tl.reshape(lm, (BLOCK_M, nb, BS)), 2, _max_nan)  # [BLOCK_M, nb]
@@ -57,9 +66,11 @@ def _store_block_keys(
     newest = b[None, :] == ((length - 1) // BS)[:, None]
     bmax = tl.where(newest, float("inf"), bmax)
     bvalid = (b[None, :] * BS) < length[:, None]
-    keys = score_key(bmax, b[None, :], bvalid)
     ptrs = blk_ptr + r.to(tl.int64)[:, None] * blk_stride + b[None, :]
-    tl.store(ptrs, keys, mask=r_ok[:, None])
+    if AS_VALUES:
+        tl.store(ptrs.to(tl.pointer_type(tl.float32)), tl.where(bvalid, bmax, float("-inf")), mask=r_ok[:, None])
+    else:
+        tl.store(ptrs, score_key(bmax, b[None, :], bvalid), mask=r_ok[:, None])
 
 
 # ----------------------------------------------------------------------------- prefill chunk
@@ -75,9 +86,9 @@ def _prefill_keys_kernel(
     row0,
     nrows,
     c0,  # first row-local column of this chunk
-    keys_ptr,  # int64 [R, KEEP + C]: this chunk's keys go at KEEP + (j - c0)
+    keys_ptr,  # fp32 [R, KEEP + C]: this chunk's scores go at KEEP + (j - c0)
     keys_stride,
-    blk_ptr,  # int64 [R, KEEP_BLOCKS + C / BS] (WRITE_BLOCKS)
+    blk_ptr,  # fp32 [R, KEEP_BLOCKS + C / BS] (WRITE_BLOCKS)
     blk_stride,
     HEADS: tl.constexpr,
     D: tl.constexpr,
@@ -134,16 +145,15 @@ def _prefill_keys_kernel(
                     lm = tl.sum(tl.maximum(sm, 0.0) * wm[:, None], axis=0)
                     lm = lm * (tl.load(kscale_ptr + n, mask=j < len_m, other=0.0) * _UNDO)
                     logit = tl.where(mi[:, None] == m, lm[None, :], logit)
-            keys = score_key(logit, j[None, :], valid)
         else:
             logit = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            keys = tl.full((BLOCK_M, BLOCK_N), _INVALID, tl.int64)
+        # fp32 scores, -inf where not valid: the host pre-selects with an fp32 top-k (see _select)
         ptrs = keys_ptr + r.to(tl.int64)[:, None] * keys_stride + KEEP + j0 + tl.arange(0, BLOCK_N)[None, :]
-        tl.store(ptrs, keys, mask=r_ok[:, None])
+        tl.store(ptrs, tl.where(valid, logit, float("-inf")), mask=r_ok[:, None])
         if WRITE_BLOCKS:
             _store_block_keys(
                 blk_ptr + KEEP_BLOCKS - c0 // BS, blk_stride, r, r_ok, logit, valid, c0 + j0, length,
-                BLOCK_M, BLOCK_N, BS,
+                BLOCK_M, BLOCK_N, BS, True,
             )  # fmt: skip
 
 
@@ -183,8 +193,7 @@ def _paged_keys_kernel(
     else:
         req = row // NEXT_N
     h = tl.arange(0, HEADS)
-    d = tl.arange(0, D)
-    q = e4m3_to_f16_scaled(tl.load(q_ptr + (row.to(tl.int64) * HEADS + h[:, None]) * D + d[None, :]))
+    q0, q1, q2, q3 = load_q_quads(q_ptr + row.to(tl.int64) * HEADS * D, HEADS, D)
     w = tl.load(w_ptr + row.to(tl.int64) * w_stride + h)
     one = tl.arange(0, 1)
     for t in range(TILES):
@@ -195,9 +204,7 @@ def _paged_keys_kernel(
             blk = tl.load(bt_ptr + req.to(tl.int64) * bt_stride + (c0 + j0) // block_size)
             page = cache_ptr + blk.to(tl.int64) * page_stride
             off = (c0 + j0) % block_size + tl.arange(0, BLOCK_N)
-            kt = tl.load(page + off[None, :] * D + d[:, None])
-            s = tl.dot(q, e4m3_to_f16_scaled(kt), out_dtype=tl.float32)
-            logit = tl.sum(tl.maximum(s, 0.0) * w[:, None], axis=0)
+            logit = row_logits_words(q0, q1, q2, q3, w, page + off * D, D, off >= 0)
             logit = logit * (tl.load((page + block_size * D + off * 4).to(tl.pointer_type(tl.float32))) * _UNDO)
             keys = score_key(logit, j, valid)
         else:
@@ -207,7 +214,7 @@ def _paged_keys_kernel(
         if WRITE_BLOCKS:
             _store_block_keys(
                 blk_ptr + KEEP_BLOCKS - c0 // BS, blk_stride, row + one, one == 0, logit[None, :], valid[None, :],
-                c0 + j0, length + one * 0, 1, BLOCK_N, BS,
+                c0 + j0, length + one * 0, 1, BLOCK_N, BS, False,
             )  # fmt: skip
 
 
@@ -296,10 +303,10 @@ def workspace_per_row(chunk: int, keep: int, keep_blocks: int, block_size: int) 
 
 
 def plan(rows: int, longest: int, keep: int, keep_blocks: int, block_size: int, workspace_bytes: int,
-         row_multiple: int = BLOCK_M, chunk_max: int = CHUNK_MAX) -> tuple[int, int]:  # fmt: skip
+         row_multiple: int = BLOCK_M, chunk_max: int = CHUNK_MAX, per_row=None) -> tuple[int, int]:  # fmt: skip
     """(row block R, chunk C): C a multiple of SPAN covering `longest` if it can, R as large as fits."""
     chunk = min(triton.cdiv(max(longest, 1), SPAN) * SPAN, chunk_max)
-    per_row = workspace_per_row(chunk, keep, keep_blocks, block_size)
+    per_row = (per_row or workspace_per_row)(chunk, keep, keep_blocks, block_size)
     r = max(row_multiple, workspace_bytes // per_row // row_multiple * row_multiple)
     return min(r, triton.cdiv(rows, row_multiple) * row_multiple), chunk
 
@@ -390,30 +397,95 @@ def indexer_topk_prefill(
         return
     keep_blocks = candidate_blocks.shape[1] if candidate_blocks is not None else 0
     r_blk, chunk = plan(m, int(lengths.max()), keep, keep_blocks, candidate_block_size, workspace_bytes,
-                        chunk_max=chunk_max)  # fmt: skip
-    buf = torch.empty((r_blk, keep + chunk), dtype=torch.int64, device=dev)
-    bbuf = torch.empty((r_blk, keep_blocks + chunk // candidate_block_size) if keep_blocks else (1, 1),
-                       dtype=torch.int64, device=dev)  # fmt: skip
+                        chunk_max=chunk_max, per_row=prefill_row_bytes)  # fmt: skip
+    fbuf = torch.empty((r_blk, keep + chunk), dtype=torch.float32, device=dev)
+    keys = torch.empty((r_blk, keep), dtype=torch.int64, device=dev)
+    nbc = chunk // candidate_block_size
+    bfbuf = torch.empty((r_blk, keep_blocks + nbc) if keep_blocks else (1, 1), dtype=torch.float32, device=dev)
+    bkeys = torch.empty((r_blk, keep_blocks) if keep_blocks else (1, 1), dtype=torch.int64, device=dev)
+    lengths_dev = (cu_seqlen_ke.long() - cu_seqlen_ks.long()).clamp_min(0)
     for r0 in range(0, m, r_blk):
         nr = min(r_blk, m - r0)
         longest = int(lengths[r0 : r0 + nr].max())
-        buf[:nr, :keep].fill_(INVALID_KEY)
+        row_len = lengths_dev[r0 : r0 + nr]
+        keys[:nr].fill_(INVALID_KEY)
+        fbuf[:nr, :keep].fill_(float("-inf"))
         if keep_blocks:
-            bbuf[:nr, :keep_blocks].fill_(INVALID_KEY)
+            bkeys[:nr].fill_(INVALID_KEY)
+            bfbuf[:nr, :keep_blocks].fill_(float("-inf"))
         for c0 in range(0, max(longest, 1), chunk):
             _prefill_keys_kernel[(triton.cdiv(nr, BLOCK_M), chunk // SPAN)](
                 q8, weights, weights.stride(0), k8, kscale, cu_seqlen_ks, cu_seqlen_ke, r0, nr, c0,
-                buf, buf.stride(0), bbuf, bbuf.stride(0),
+                fbuf, fbuf.stride(0), bfbuf, bfbuf.stride(0),
                 HEADS=heads, D=INDEX_DIM, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, TILES=TILES, KEEP=keep,
                 KEEP_BLOCKS=keep_blocks, BS=candidate_block_size, WRITE_BLOCKS=keep_blocks > 0,
                 num_warps=PREFILL_WARPS,
             )  # fmt: skip
-            _merge(buf, nr, keep)
+            _select(fbuf, keys, nr, keep, c0, row_len)
             if keep_blocks:
-                _merge(bbuf, nr, keep_blocks)
-        topk_indices[r0 : r0 + nr] = keys_to_columns(_finish(buf, nr, keep))
+                _select(bfbuf, bkeys, nr, keep_blocks, c0 // candidate_block_size, None)
+        topk_indices[r0 : r0 + nr] = keys_to_columns(torch.sort(keys[:nr], dim=1, descending=True).values)
         if candidate_blocks is not None:
-            candidate_blocks[r0 : r0 + nr] = _blocks_out(_finish(bbuf, nr, keep_blocks))
+            candidate_blocks[r0 : r0 + nr] = _blocks_out(torch.sort(bkeys[:nr], dim=1, descending=True).values)
+
+
+SLACK = 8  # fp32 pre-selection keeps keep + SLACK; a tie reaching past it sends the row to the exact path
+
+
+def prefill_row_bytes(chunk: int, keep: int, keep_blocks: int, block_size: int) -> int:
+    """Bytes one prefill row costs: fp32 scores (kept + chunk), kept int64 keys, the pre-selection's
+    outputs and keys, and up to as much again for the exact fallback of tie rows (done in slices)."""
+    def part(k: int, n: int) -> int:
+        return (k + n) * 8 + k * 8 + (k + SLACK) * 44 + k * 16
+
+    return part(keep, chunk) + (part(keep_blocks, chunk // block_size) if keep_blocks else 0)
+
+
+def values_of(keys: torch.Tensor) -> torch.Tensor:
+    """fp32 scores of selection keys (-inf for INVALID_KEY); inverse of the ordering in select.py."""
+    o = (keys >> 32).to(torch.int32)
+    v = (o ^ ((o >> 31) & 0x7FFFFFFF)).view(torch.float32)
+    return torch.where(keys == INVALID_KEY, torch.full_like(v, float("-inf")), v)
+
+
+def _chunk_keys(vals: torch.Tensor, cols: torch.Tensor, row_len: torch.Tensor | None) -> torch.Tensor:
+    """int64 keys of chunk scores at row-local columns; invalid where col >= row length (or, without
+    lengths, where the score is -inf: blocks)."""
+    ordered = ordered_int32(vals).to(torch.int64)
+    key = (ordered << 32) | ((2**32 - 1) - cols.to(torch.int64))
+    valid = cols < row_len[:, None] if row_len is not None else vals != float("-inf")
+    return torch.where(valid, key, torch.full_like(key, INVALID_KEY))
+
+
+def _select(fbuf: torch.Tensor, keys: torch.Tensor, nr: int, keep: int, c0: int, row_len: torch.Tensor | None) -> None:
+    """Merge this chunk's fp32 scores fbuf[:nr, keep:] into the kept keys[:nr] (their scores in
+    fbuf[:nr, :keep]). An fp32 top-(keep + SLACK) pre-selects (fast); the exact int64 keys decide among
+    the picks. Rows whose score at rank keep equals the one at rank keep + SLACK may have ties beyond
+    the picks: they are redone exactly on their whole buffer."""
+    width = fbuf.shape[1]
+    k2 = min(keep + SLACK, width)
+    vals, pos = torch.topk(fbuf[:nr], k2, dim=1, sorted=True)
+    chunk_cols = c0 + pos - keep
+    picked = torch.where(
+        pos < keep,
+        torch.gather(keys[:nr], 1, pos.clamp(max=keep - 1)),
+        _chunk_keys(vals, chunk_cols, row_len),
+    )
+    new = torch.topk(picked, keep, dim=1, sorted=False).values
+    edge, last = vals[:, keep - 1], vals[:, k2 - 1]
+    tie = (edge == last) | (edge.isnan() & last.isnan())
+    if k2 == width:
+        tie.zero_()  # every column was picked
+    bad = tie.nonzero().flatten()  # host sync: prefill only
+    step = max(1, nr // 8)  # ~20 B per column of a fallback row: a slice stays under prefill_row_bytes
+    for b0 in range(0, bad.numel(), step):
+        rows = bad[b0 : b0 + step]
+        cols = torch.arange(width - keep, device=fbuf.device) + c0
+        chunk = _chunk_keys(fbuf[rows, keep:], cols[None, :].expand(rows.numel(), -1), None if row_len is None else row_len[rows])
+        full = torch.cat([keys[rows], chunk], dim=1)
+        new[rows] = torch.topk(full, keep, dim=1, sorted=False).values
+    keys[:nr] = new
+    fbuf[:nr, :keep] = values_of(new)
 
 
 def indexer_topk_decode(
@@ -478,11 +550,12 @@ def indexer_topk_decode(
     buf[:, :keep].fill_(INVALID_KEY)
     if keep_blocks:
         bbuf[:, :keep_blocks].fill_(INVALID_KEY)
+    tiles = decode_tiles(rows, chunk, q8.device)
     for c0 in range(0, max(max_model_len, 1), chunk):
-        _paged_keys_kernel[(rows, chunk // SPAN)](
+        _paged_keys_kernel[(rows, chunk // (BLOCK_N * tiles))](
             q8, weights, weights.stride(0), kv_cache, kv_cache.stride(0), block_size,
             block_tables, block_tables.stride(0), lens, req_arg, c0, buf, buf.stride(0), bbuf, bbuf.stride(0),
-            HEADS=heads, D=INDEX_DIM, NEXT_N=next_n, HAS_REQ=req is not None, BLOCK_N=BLOCK_N, TILES=TILES,
+            HEADS=heads, D=INDEX_DIM, NEXT_N=next_n, HAS_REQ=req is not None, BLOCK_N=BLOCK_N, TILES=tiles,
             KEEP=keep, KEEP_BLOCKS=keep_blocks, BS=candidate_block_size, WRITE_BLOCKS=keep_blocks > 0,
             num_warps=NUM_WARPS,
         )  # fmt: skip
@@ -522,9 +595,9 @@ _PREFILL_SIG = {
     "row0": "i32",
     "nrows": "i32",
     "c0": "i32",
-    "keys_ptr": "*i64",
+    "keys_ptr": "*fp32",
     "keys_stride": "i32",
-    "blk_ptr": "*i64",
+    "blk_ptr": "*fp32",
     "blk_stride": "i32",
     **{c: "constexpr" for c in ("HEADS", "D", "BLOCK_M", "BLOCK_N", "TILES", "KEEP", "KEEP_BLOCKS", "BS", "WRITE_BLOCKS")},
 }
