@@ -67,7 +67,12 @@ def build(case: Case) -> DecodeInputs:
     if case.sink == "mixed":
         inp.sink[0::3] = float("-inf")
         inp.sink[1::3] = 30.0  # dominant: the rows' weights all but vanish
-    return inp
+    return to_device(inp)
+
+
+def to_device(inp):
+    """Drawn on the CPU (one stream of draws per seed), run where the kernels run."""
+    return replace(inp, **{k: v.to(DEV) for k, v in vars(inp).items()})
 
 
 def call(level: str, case: Case, inp: DecodeInputs, out: torch.Tensor, **knobs) -> int:
@@ -182,7 +187,7 @@ def test_split1_direct_equals_reduce_bitwise() -> None:
     direct, reduced = poisoned(inp.q), poisoned(inp.q)
     call("optimized", case, inp, direct, splits=1)
     call("optimized", case, inp, reduced, splits=1, force_reduce=True)
-    assert_bitwise_equal(case.name, direct, reduced)
+    assert_bitwise_equal(case.name, direct.cpu(), reduced.cpu())
 
 
 def test_record_edges() -> None:
@@ -213,7 +218,7 @@ def test_record_edges() -> None:
         check(f"{level} {case.name} clean queries", out[:2], ref[:2])
         # inf K: a head's denominator turns NaN (-> 0 by the l > 0 guard, as upstream) or its
         # accumulator does (0 x inf): either way the head cannot come out as a normal finite row
-        hit = out[2].float()
+        hit = out[2].float().cpu()
         poisoned_heads = (~hit.isfinite()).any(dim=1) | (hit == 0).all(dim=1)
         assert poisoned_heads.all(), (
             f"{level}: a scale-255 record left heads {(~poisoned_heads).nonzero().tolist()}"
@@ -234,13 +239,14 @@ def test_prefill_vs_reference(
 ) -> None:
     inp = prefill_inputs(list(lens), heads, 700, generator(name), width=640, invalid_frac=invalid)
     inp.sink[0::4] = float("-inf")
-    out = torch.full((len(lens), heads, width), float("nan"), dtype=torch.bfloat16)
+    inp = to_device(inp)
+    out = torch.full((len(lens), heads, width), float("nan"), dtype=torch.bfloat16, device=DEV)
     PREFILL[level](inp.q, inp.kv, inp.indices, inp.lens, SCALE, 512, 448, 64, inp.sink, out)
     slots = slot_lists(len(lens), inp.indices, inp.lens, None, None, 700)
     ref = prefill_ref(inp.q, inp.kv, slots, inp.sink, SCALE, width)
     assert_close(
         f"{level} {name} ({seed_note(name)})",
-        out,
+        out.cpu(),
         ref,
         abs=BF16_EPS * 5.0,
         rel_in_eps=2.0,
@@ -318,15 +324,11 @@ def test_bad_inputs_name_the_problem() -> None:
 
 
 # ----------------------------------------------------------------------------- GPU only
-def _to_cuda(inp: DecodeInputs) -> DecodeInputs:
-    return replace(inp, **{k: v.cuda() for k, v in vars(inp).items()})
-
-
 @requires_cuda
 @pytest.mark.parametrize("level", DECODE)
 def test_decode_cuda_graph_replay_equals_eager(level: str) -> None:
     case = Case("graph-capture", (128, 128, 64, 128), (512, 300, 512, 0), heads=16)
-    inp = _to_cuda(build(case))
+    inp = build(case)
     eager, captured = poisoned(inp.q), poisoned(inp.q)
     call(level, case, inp, eager)
     stream = torch.cuda.Stream()
@@ -340,7 +342,7 @@ def test_decode_cuda_graph_replay_equals_eager(level: str) -> None:
     captured.fill_(float("nan"))
     graph.replay()
     torch.cuda.synchronize()
-    assert_bitwise_equal(f"{level} graph replay", captured, eager)
+    assert_bitwise_equal(f"{level} graph replay", captured.cpu(), eager.cpu())
 
 
 @requires_sm(8, 9)
@@ -351,7 +353,7 @@ def test_decode_vs_upstream(level: str) -> None:
     from vllm.v1.attention.ops import rocm_aiter_mla_sparse as up
 
     case = Case("vs-upstream", (128, 100, 128), (512, 512, 7), heads=16, inv_rope=False, sink="mixed")
-    inp = _to_cuda(build(case))
+    inp = build(case)
     ours, theirs = poisoned(inp.q), poisoned(inp.q)
     call(level, case, inp, ours)
     up.rocm_sparse_attn_decode(
