@@ -68,24 +68,26 @@ gpu-suite:
 
 # Images (docker/README.md). VLLM_BUILD=source (default) compiles vLLM's CUDA code for 8.0/8.6;
 # VLLM_BUILD=precompiled reuses the official wheel's binaries. IMAGE_EXTRA passes more build args
-# (BASE_IMAGE, PYTHON_VERSION, MAX_JOBS, IMAGE_USER); DOCKER names the client.
+# (BASE_IMAGE, PYTHON_VERSION, MAX_JOBS, IMAGE_UID, --secret); DOCKER names the client. Both targets
+# build from one snapshot of the inputs (scripts/docker_context.sh), so they differ only by patch 01.
 DOCKER ?= docker
 VLLM_BUILD ?= source
 IMAGE_NAME ?= deepinfer-sm80
 IMAGE_EXTRA ?=
-IMAGE_REV := $(shell git rev-parse HEAD 2>/dev/null)$(shell git diff --quiet HEAD -- docker patches overlay 2>/dev/null || echo -dirty)
+IMAGE_CONTEXT := $(CACHE)/image-context
 IMAGE_ARGS = --network host -f docker/Dockerfile.sm80 --build-arg CUDA_VERSION=$(CUDA_VERSION) \
 	--build-arg VLLM_BUILD=$(VLLM_BUILD) --build-arg VLLM_VERSION=$(VLLM_VERSION) \
 	--build-arg VLLM_SDIST_SHA256=$(VLLM_SDIST_SHA256) --build-arg VLLM_WHEEL_SHA256=$(VLLM_WHEEL_SHA256) \
-	--build-arg PATCHES_SHA256=$$(bash docker/patchset_hash.sh patches) --build-arg GIT_SHA=$(IMAGE_REV) $(IMAGE_EXTRA)
+	--build-arg PATCHES_SHA256=$$(bash docker/patchset_hash.sh patches) --build-arg GIT_SHA=$$(cat REVISION) \
+	$(IMAGE_EXTRA)
 
 .PHONY: image-smoke
-# Both targets; each also tagged with the git revision (…:baseline-<rev12>).
+# Both targets, each also tagged with the revision: deepinfer-sm80:{baseline,deepinfer}[-<rev12>].
 image: fetch-vllm
-	DOCKER_BUILDKIT=1 $(DOCKER) build $(IMAGE_ARGS) --target baseline \
-		-t $(IMAGE_NAME):baseline -t $(IMAGE_NAME):baseline-$(shell echo $(IMAGE_REV) | cut -c1-12) .
-	DOCKER_BUILDKIT=1 $(DOCKER) build $(IMAGE_ARGS) --target deepinfer \
-		-t $(IMAGE_NAME):deepinfer -t $(IMAGE_NAME):deepinfer-$(shell echo $(IMAGE_REV) | cut -c1-12) .
+	bash scripts/docker_context.sh $(IMAGE_CONTEXT)
+	cd $(IMAGE_CONTEXT) && for target in baseline deepinfer; do \
+		DOCKER_BUILDKIT=1 $(DOCKER) build $(IMAGE_ARGS) --target $$target -t $(IMAGE_NAME):$$target \
+			-t $(IMAGE_NAME):$$target-$$(cut -c1-12 REVISION) . || exit 1; done
 
 # Precompiled build of both targets on a locally made Debian base (no registry), self-tests,
 # `vllm serve --help` and the harness's --dry-run commands against the tags; log in .cache/image-smoke/.

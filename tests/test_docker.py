@@ -92,7 +92,7 @@ def test_pins_come_from_the_pin_file_only():
     )
 
 
-def test_make_image_passes_every_label_arg():
+def test_make_image_builds_both_targets_from_one_snapshot_with_every_label_arg():
     proc = subprocess.run(
         ["make", "-n", "-o", ".venv/.stamp", "-o", "fetch-vllm", "image", "VLLM_BUILD=precompiled"],
         cwd=ROOT,
@@ -101,15 +101,38 @@ def test_make_image_passes_every_label_arg():
     )
     assert proc.returncode == 0, proc.stderr
     joined = re.sub(r"\\\n\s*", " ", proc.stdout)  # recipe lines continued with a backslash
-    builds = [ln for ln in joined.splitlines() if " build " in ln]
-    assert len(builds) == 2 and "--target baseline" in builds[0] and "--target deepinfer" in builds[1]
+    lines = [re.sub(" +", " ", ln.strip()) for ln in joined.splitlines() if ln.strip()]
+    assert lines[0] == "bash scripts/docker_context.sh .cache/image-context"
+    build = lines[1]
+    assert build.startswith("cd .cache/image-context && for target in baseline deepinfer; do ")
     pins = load_pins()
-    for line in builds:
-        for arg in ("VLLM_VERSION", "VLLM_SDIST_SHA256", "VLLM_WHEEL_SHA256", "CUDA_VERSION"):
-            assert f"--build-arg {arg}={pins[arg]}" in line, arg
-        assert "--build-arg VLLM_BUILD=precompiled" in line
-        assert "--build-arg PATCHES_SHA256=" in line and re.search(r"--build-arg GIT_SHA=[0-9a-f]{40}", line)
-        assert re.search(r"-t deepinfer-sm80:(baseline|deepinfer)-[0-9a-f]{12} ", line), "no revision tag"
+    for arg in ("VLLM_VERSION", "VLLM_SDIST_SHA256", "VLLM_WHEEL_SHA256", "CUDA_VERSION"):
+        assert f"--build-arg {arg}={pins[arg]} " in build, arg
+    assert "--build-arg VLLM_BUILD=precompiled " in build
+    assert "--build-arg PATCHES_SHA256=$(bash docker/patchset_hash.sh patches) " in build
+    assert "--build-arg GIT_SHA=$(cat REVISION) " in build
+    assert (
+        "--target $target -t deepinfer-sm80:$target -t deepinfer-sm80:$target-$(cut -c1-12 REVISION) ."
+        in build
+    )
+
+
+def test_build_context_snapshot(tmp_path):
+    wheel = ROOT / ".cache" / "wheels" / load_pins()["VLLM_WHEEL"]
+    if not wheel.exists():
+        pytest.skip("run make fetch-vllm first (make test does)")
+    dest = tmp_path / "ctx"
+    for _ in range(2):  # a second run replaces the first
+        proc = subprocess.run(
+            ["bash", "scripts/docker_context.sh", str(dest)], cwd=ROOT, capture_output=True, text=True
+        )
+        assert proc.returncode == 0, proc.stderr
+    assert re.fullmatch(r"[0-9a-f]{40}(-dirty)?\n", (dest / "REVISION").read_text())
+    assert (dest / ".cache" / "wheels" / wheel.name).stat().st_size == wheel.stat().st_size
+    assert not list(dest.rglob("__pycache__")) and not (dest / "overlay" / "tests").exists()
+    for rel in ("docker/Dockerfile.sm80", "patches/series", "overlay/pyproject.toml"):
+        assert (dest / rel).read_bytes() == (ROOT / rel).read_bytes(), rel
+    assert not (tmp_path / "ctx.partial").exists()
 
 
 def test_labels_include_what_the_harness_reads():
