@@ -15,14 +15,15 @@ invocation writes a new run directory <profile>-<UTC time> unless --run-id names
 then resumed (finished valid runs are skipped). A run directory tracked by git is committed
 evidence and is never written to without --replace-evidence. `--set a.b=v` overrides any profile
 field (YAML value). Exit status: 0 every scheduled run exists (invalid ones are reported with
-`!`, never dropped); 2 bad input; 3 with --strict, any invalid or missing run; 4 runs missing
-because a server did not start or died (0 runs completed is never 0); 130 interrupted.
+`!`, never dropped); 2 bad input; 3 with --strict, any invalid run; 4 runs missing because a
+server did not start or died (0 runs completed is never 0); 130 interrupted.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -166,13 +167,15 @@ def cmd_bench_ab(args: argparse.Namespace) -> int:
         written = charts_for_run(layout.root, charts_dir)
         progress.say(f"{len(written)} chart files under {charts_dir}")
     progress.say(f"{headline(summary)}; results: {layout.root} (table: {layout.root / 'ab.md'})")
-    if summary["missing_runs"] and (outcome.failures or not summary["n_runs"]):
-        first = outcome.failures[0] if outcome.failures else "no server answered"
-        progress.say(f"error: {len(summary['missing_runs'])} runs missing: {first.splitlines()[0]}")
+    if summary["missing_runs"]:  # 0 runs completed included: never exit 0
+        cause = outcome.failures[0].splitlines()[0] if outcome.failures else "a server died mid-session"
+        progress.say(
+            f"error: {len(summary['missing_runs'])} runs missing ({cause}); resume with --run-id {run_id}"
+        )
         return EXIT_INCOMPLETE
-    if args.strict and (summary["n_invalid"] or summary["missing_runs"]):
+    if args.strict and summary["n_invalid"]:
         return EXIT_STRICT
-    return EXIT_OK if summary["n_runs"] else EXIT_INCOMPLETE
+    return EXIT_OK
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -249,7 +252,7 @@ def parser() -> argparse.ArgumentParser:
     )
     b.add_argument("--no-progress", action="store_true")
     b.add_argument("--no-charts", action="store_true")
-    b.add_argument("--strict", action="store_true", help="exit 3 if any run is invalid or missing")
+    b.add_argument("--strict", action="store_true", help="exit 3 if any run is invalid")
     b.set_defaults(fn=cmd_bench_ab)
     s = sub.add_parser("report", aliases=["summarize"], help="re-derive a run's report from its files")
     s.add_argument("run_dir")
@@ -278,6 +281,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, DefinitionMismatch) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_INPUT
+    except BrokenPipeError:  # e.g. `--dry-run | head`: the reader left, nothing is wrong
+        sys.stderr = open(os.devnull, "w")  # silence the interpreter's flush at exit
+        return EXIT_OK
     except KeyboardInterrupt:
         print("interrupted: servers stopped, finished requests kept on disk", file=sys.stderr)
         return EXIT_INTERRUPTED

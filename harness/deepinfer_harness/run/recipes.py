@@ -1,4 +1,4 @@
-"""Cell recipes (HARNESS.md §2): cold prefill / TTFT, closed-loop decode, prompt-logprob NLL, greedy.
+"""Cell recipes (docs/AB_METHOD.md): cold prefill / TTFT, closed-loop decode, prompt-logprob NLL, greedy.
 
 The runner applies the idle gate first. Each recipe only drives traffic and records raw facts
 (request JSONL, metric scrapes labelled `before`/`after`, the decode window, loop lag); every
