@@ -80,19 +80,29 @@ def stand_in(cls: Any, inp: DraftInputs, gumbel: bool) -> tuple[SimpleNamespace,
     input_ids = torch.full((slots * k,), 5, dtype=torch.int32, device=dev)  # int32, as InputBuffers
     input_ids[torch.arange(b, device=dev) * k] = inp.anchor.int()
     ns = SimpleNamespace(
-        num_speculative_steps=k, max_num_reqs=slots, model=DraftModel(inp.markov_w1, inp.markov_w2),
+        num_speculative_steps=k,
+        max_num_reqs=slots,
+        model=DraftModel(inp.markov_w1, inp.markov_w2),
         sample_indices=torch.cat([order, torch.zeros(extra, dtype=torch.long, device=dev)]),
         sample_idx_mapping=torch.cat([inp.idx_map.reshape(-1), torch.full((extra,), -1, device=dev)]),
         sample_pos=torch.cat([inp.sample_pos.reshape(-1), torch.zeros(extra, dtype=torch.long, device=dev)]),
-        input_buffers=SimpleNamespace(input_ids=input_ids), _anchor_idx=torch.arange(slots, device=dev) * k,
-        temperature=inp.temperature, seeds=inp.seeds,
+        input_buffers=SimpleNamespace(input_ids=input_ids),
+        _anchor_idx=torch.arange(slots, device=dev) * k,
+        temperature=inp.temperature,
+        seeds=inp.seeds,
         draft_tokens=torch.full((slots, k), POISON_TOKEN, dtype=torch.long, device=dev),
         draft_logits=torch.full((slots, k, v), POISON_LOGIT, dtype=inp.base_logits.dtype, device=dev)
-        if gumbel else None,
-        _draft_topk=None, use_confidence_head=False, _d2t_scatter_index=None, _draft_scatter_buf=None,
-        draft_watermarker=None, use_fp64_gumbel=False, acceptance_estimator=None,
+        if gumbel
+        else None,
+        _draft_topk=None,
+        use_confidence_head=False,
+        _d2t_scatter_index=None,
+        _draft_scatter_buf=None,
+        draft_watermarker=None,
+        use_fp64_gumbel=False,
+        acceptance_estimator=None,
         _step_cols=torch.arange(k, dtype=torch.int32, device=dev),
-    )  # fmt: skip
+    )
     ns._sample_logits = functools.partial(cls._sample_logits, ns)
     ns._maybe_predict_acceptance = functools.partial(cls._maybe_predict_acceptance, ns)
     return ns, head_hidden
@@ -126,9 +136,16 @@ class OpChain:
                 prev = logits.argmax(dim=-1)
             else:
                 prev = cls.gumbel_sample(
-                    logits, idx_map[:, i], spec.temperature, spec.seeds, pos[:, i] - 1, apply_temperature=True,
-                    is_drafting=True, logits_cache=spec.draft_logits, logits_cache_col=spec._step_cols[i],
-                )  # fmt: skip
+                    logits,
+                    idx_map[:, i],
+                    spec.temperature,
+                    spec.seeds,
+                    pos[:, i] - 1,
+                    apply_temperature=True,
+                    is_drafting=True,
+                    logits_cache=spec.draft_logits,
+                    logits_cache_col=spec._step_cols[i],
+                )
             spec.draft_tokens[:num_reqs, i] = prev
 
 
@@ -152,17 +169,23 @@ def in_kernel_bias_study(ceilings: Ceilings) -> dict[str, Any]:
             ceilings,
         )
         out[f"B={B}"] = {
-            "elements_differing_from_cublas": differ, "elements": B * V, "cublas_graph_us": gemm.us,
-            "tl_dot_graph_us": probe.us, "head_read_floor_us": round(ceilings.floor_us(2 * V * R), 3),
-        }  # fmt: skip
+            "elements_differing_from_cublas": differ,
+            "elements": B * V,
+            "cublas_graph_us": gemm.us,
+            "tl_dot_graph_us": probe.us,
+            "head_read_floor_us": round(ceilings.floor_us(2 * V * R), 3),
+        }
         print(
-            f"in-kernel bias B={B}: {differ} of {B * V} bf16 values differ from cuBLAS | cuBLAS {gemm.us} us, tl.dot {probe.us} us"
+            f"in-kernel bias B={B}: {differ} of {B * V} bf16 values differ from cuBLAS"
+            f" | cuBLAS {gemm.us} us, tl.dot {probe.us} us"
         )
     return out
 
 
 # ----------------------------------------------------------------------------- one position, any shard
-def step_fns(inp: DraftInputs, gumbel: bool, gumbel_sample: Callable[..., torch.Tensor], whole: bool):
+def step_fns(
+    inp: DraftInputs, gumbel: bool, gumbel_sample: Callable[..., torch.Tensor], whole: bool
+) -> tuple[Callable[[], None], Callable[[], None]]:
     """(upstream, ours) callables for position 1: Markov row -> bias GEMM -> add -> sample -> token."""
     b, k, v = inp.base_logits.shape
     prev = inp.anchor.clone()
@@ -177,29 +200,39 @@ def step_fns(inp: DraftInputs, gumbel: bool, gumbel_sample: Callable[..., torch.
         logits = inp.base_logits[:, 1] + F.linear(F.embedding(prev, inp.markov_w1), inp.markov_w2)
         if gumbel:
             tok = gumbel_sample(
-                logits, inp.idx_map[:, 1], inp.temperature, inp.seeds, inp.sample_pos[:, 1] - 1,
-                apply_temperature=True, is_drafting=True, logits_cache=cache, logits_cache_col=col,
-            )  # fmt: skip
+                logits,
+                inp.idx_map[:, 1],
+                inp.temperature,
+                inp.seeds,
+                inp.sample_pos[:, 1] - 1,
+                apply_temperature=True,
+                is_drafting=True,
+                logits_cache=cache,
+                logits_cache_col=col,
+            )
         else:
             tok = logits.argmax(dim=-1)
         tokens[:, 1] = tok
 
     def ours() -> None:
         dd.draft_step(
-            inp.base_logits[:, 1], F.linear(rows, inp.markov_w2), tokens[:, 1], scratch, gumbel=gumbel,
-            idx_map=inp.idx_map[:, 1] if gumbel else None, temperature=inp.temperature if gumbel else None,
-            seeds=inp.seeds if gumbel else None, sample_pos=inp.sample_pos[:, 1] if gumbel else None,
-            logits_cache=cache if gumbel else None, cache_col=1,
-            markov_w1=inp.markov_w1 if whole else None, row_out=rows if whole else None,
+            inp.base_logits[:, 1],
+            F.linear(rows, inp.markov_w2),
+            tokens[:, 1],
+            scratch,
+            gumbel=gumbel,
+            idx_map=inp.idx_map[:, 1] if gumbel else None,
+            temperature=inp.temperature if gumbel else None,
+            seeds=inp.seeds if gumbel else None,
+            sample_pos=inp.sample_pos[:, 1] if gumbel else None,
+            logits_cache=cache if gumbel else None,
+            cache_col=1,
+            markov_w1=inp.markov_w1 if whole else None,
+            row_out=rows if whole else None,
             best_out=None if whole else best,
-        )  # fmt: skip
+        )
 
     return upstream, ours
-
-
-def _force_per_step(spec: SimpleNamespace) -> SimpleNamespace:
-    setattr(spec, wiring._CHAIN_ATTR, (None, False))  # as if the bias check had failed
-    return spec
 
 
 def chain_fns(cls: Any, inp: DraftInputs, gumbel: bool) -> dict[str, Callable[[], object]]:
@@ -208,11 +241,10 @@ def chain_fns(cls: Any, inp: DraftInputs, gumbel: bool) -> dict[str, Callable[[]
     theirs, hidden = stand_in(cls, inp, gumbel)
     mine, hidden2 = stand_in(cls, inp, gumbel)
     step, hidden3 = stand_in(cls, inp, gumbel)
-    _force_per_step(step)
     return {
         "upstream": lambda: cls._sample_sequential(theirs, b, hidden),
-        "one-launch": lambda: wiring.sample_sequential(mine, b, hidden2),
-        "per-step": lambda: wiring.sample_sequential(step, b, hidden3),
+        "one-launch": lambda: wiring.sample_sequential(mine, b, hidden2, one_launch=True),
+        "per-step": lambda: wiring.sample_sequential(step, b, hidden3, one_launch=False),
     }
 
 
@@ -220,10 +252,8 @@ def check_chain(cls: Any, inp: DraftInputs, gumbel: bool, per_step: bool = False
     theirs, hidden = stand_in(cls, inp, gumbel)
     cls._sample_sequential(theirs, inp.base_logits.shape[0], hidden)
     mine, hidden2 = stand_in(cls, inp, gumbel)
-    if per_step:
-        _force_per_step(mine)
     try:
-        if not wiring.sample_sequential(mine, inp.base_logits.shape[0], hidden2):
+        if not wiring.sample_sequential(mine, inp.base_logits.shape[0], hidden2, one_launch=not per_step):
             return f"fell back: {wiring.unsupported(mine, hidden2)}"
         path = getattr(mine, wiring.PATH_ATTR)
         assert_bitwise_equal(f"{path} draft tokens", mine.draft_tokens, theirs.draft_tokens)
@@ -247,7 +277,7 @@ def count_kernels(fn: Callable[[], object]) -> int | None:
             torch.cuda.synchronize()
         kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
         return sum(1 for e in kernels if "memcpy" not in e.name.lower() and "memset" not in e.name.lower())
-    except Exception as e:  # noqa: BLE001  (the count is informative; timing goes on without it)
+    except Exception as e:
         print(f"kernel count unavailable: {e}")
         return None
 
@@ -268,7 +298,7 @@ def main(out_dir: Path, ceilings: Ceilings) -> dict[str, object]:
         from vllm.v1.worker.gpu.spec_decode.dspark.speculator import DSparkSpeculator as cls
 
         chain_source = "vllm 0.32.0 DSparkSpeculator._sample_sequential"
-    except Exception as e:  # noqa: BLE001  (recorded; the op sequence still runs upstream's sampler)
+    except Exception as e:
         OpChain.gumbel_sample = staticmethod(gumbel_sample)
         cls, chain_source = OpChain, f"OpChain replica, speculator import failed: {type(e).__name__}: {e}"
     print(f"upstream chain: {chain_source}")
@@ -306,7 +336,14 @@ def main(out_dir: Path, ceilings: Ceilings) -> dict[str, object]:
                 shape = f"step-{mode}-tp{tp}"
                 t_up = timed(f"dspark {shape} B={B} upstream", up, nbytes, ceilings)
                 t_ours = timed(f"dspark {shape} B={B} deepinfer", ours, nbytes, ceilings)
-                gemm = summarize("gemm", time_graph(lambda _, e=inp.markov_w1[:B], w=inp.markov_w2: F.linear(e, w), 1, calls=4, replays=10), head_bytes, ceilings)  # fmt: skip
+                gemm = summarize(
+                    "gemm",
+                    time_graph(
+                        lambda _, e=inp.markov_w1[:B], w=inp.markov_w2: F.linear(e, w), 1, calls=4, replays=10
+                    ),
+                    head_bytes,
+                    ceilings,
+                )
                 if B == 8 and tp == 1:
                     launches[f"upstream {mode} step"] = count_kernels(up)
                     launches[f"deepinfer {mode} step"] = count_kernels(ours)
@@ -316,11 +353,21 @@ def main(out_dir: Path, ceilings: Ceilings) -> dict[str, object]:
                 for impl, t in (("upstream", t_up), ("deepinfer", t_ours)):
                     for how in ("eager", "graph"):
                         rows.append(Row.from_timing("dspark_draft", impl, f"{shape}-{how}", B, t[how], "n/a"))
-                results["steps"].append({
-                    "tp": tp, "vocab": vocab, "B": B, "mode": mode, "bytes": nbytes, "bias_gemm_graph_us": gemm.us,
-                    **{f"{impl}_{how}_us": t[how].us for impl, t in (("upstream", t_up), ("deepinfer", t_ours))
-                       for how in ("eager", "graph")},
-                })  # fmt: skip
+                results["steps"].append(
+                    {
+                        "tp": tp,
+                        "vocab": vocab,
+                        "B": B,
+                        "mode": mode,
+                        "bytes": nbytes,
+                        "bias_gemm_graph_us": gemm.us,
+                        **{
+                            f"{impl}_{how}_us": t[how].us
+                            for impl, t in (("upstream", t_up), ("deepinfer", t_ours))
+                            for how in ("eager", "graph")
+                        },
+                    }
+                )
     for B in BATCHES:
         inp = draft_inputs(
             "random", B, K, V41.vocab, R, generator(f"bench-dspark-chain-{B}", DEVICE), device=DEVICE
@@ -348,11 +395,16 @@ def main(out_dir: Path, ceilings: Ceilings) -> dict[str, object]:
             if B == 8:
                 for name, fn in fns.items():
                     launches[f"{name} {mode} chain"] = count_kernels(fn)
-            results["chains"].append({
-                "B": B, "mode": mode, "K": K, "bytes": nbytes,
-                **{f"bitwise_{p}": v for p, v in verdicts.items()},
-                **{f"{name}_{how}_us": t[name][how].us for name in fns for how in ("eager", "graph")},
-            })  # fmt: skip
+            results["chains"].append(
+                {
+                    "B": B,
+                    "mode": mode,
+                    "K": K,
+                    "bytes": nbytes,
+                    **{f"bitwise_{p}": v for p, v in verdicts.items()},
+                    **{f"{name}_{how}_us": t[name][how].us for name in fns for how in ("eager", "graph")},
+                }
+            )
     results["kernel_launches"] = launches
     print(f"kernel launches: {launches}")
     return {"rows": [r.as_dict() for r in rows], "targets": targets(results, launches), **results}
@@ -374,11 +426,25 @@ def targets(results: dict[str, Any], launches: dict[str, int | None]) -> list[di
         if chain_launches is not None:
             # the chain call also runs the head_hidden row gather that upstream runs too (1 kernel)
             per_pos = (chain_launches - 1) / V41.draft_tokens
-            out.append(Target(f"kernel launches per draft position, one-launch path ({mode})", per_pos, 1, "launches",
-                              per_pos <= 1))  # fmt: skip
+            out.append(
+                Target(
+                    f"kernel launches per draft position, one-launch path ({mode})",
+                    per_pos,
+                    1,
+                    "launches",
+                    per_pos <= 1,
+                )
+            )
         if ours_step is not None and gemm is not None:
-            out.append(Target(f"sampler launches per draft position besides the bias GEMM, per-step path ({mode})",
-                              ours_step - gemm, 1, "launches", ours_step - gemm <= 1))  # fmt: skip
+            out.append(
+                Target(
+                    f"sampler launches per draft position besides the bias GEMM, per-step path ({mode})",
+                    ours_step - gemm,
+                    1,
+                    "launches",
+                    ours_step - gemm <= 1,
+                )
+            )
         for how, goal in (("eager", 3.0), ("graph", 1.0001)):
             for kind, ours, what in (
                 ("chains", "one-launch", "all K=5 positions, one launch"),

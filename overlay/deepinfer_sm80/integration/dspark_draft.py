@@ -1,8 +1,9 @@
 """`DSparkSpeculator._sample_sequential` with fused draft kernels (docs/DSPARK.md, "Wiring").
 
-Where the in-kernel Markov bias equals upstream's GEMM bit for bit on this GPU and these weights (checked
-once, eagerly), all K positions run in one `draft_chain` launch; otherwise each position runs upstream's
-GEMM and one `draft_step` launch. Configurations neither covers fall back to upstream's method.
+By default each position runs upstream's Markov-bias GEMM and one `draft_step` launch. With
+DEEPINFER_SM80_DSPARK_ONE_LAUNCH=1, all K positions run in one `draft_chain` launch where its in-kernel
+bias equals upstream's GEMM bit for bit on this GPU and these weights (checked once, eagerly).
+Configurations neither covers fall back to upstream's method.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from deepinfer_sm80.ops.dspark_draft.kernel import LOGIT_DTYPES
 _SCRATCH_ATTR = "_deepinfer_dspark_scratch"
 _CHAIN_ATTR = "_deepinfer_dspark_chain"  # (ChainScratch, bias check passed) once decided
 PATH_ATTR = "_deepinfer_dspark_path"  # "chain" or "step": what the last call ran (for tests and logs)
-ENV_ONE_LAUNCH = "DEEPINFER_SM80_DSPARK_ONE_LAUNCH"  # "0": per-position launches even where the check passes
+# "1": the one-launch chain (bitwise vs upstream on the H200, not yet timed: docs/DSPARK.md); else per step
+ENV_ONE_LAUNCH = "DEEPINFER_SM80_DSPARK_ONE_LAUNCH"
 
 
 def markov_table(spec: Any) -> torch.Tensor | None:
@@ -39,9 +41,9 @@ def markov_head_w2(spec: Any) -> torch.Tensor | None:
     return weight if weight.is_contiguous() else None
 
 
-def _chain(spec: Any, num_reqs: int, vocab: int, w1: torch.Tensor, w2: torch.Tensor | None) -> chain.ChainScratch | None:
+def _chain(spec: Any, vocab: int, w1: torch.Tensor, w2: torch.Tensor | None) -> chain.ChainScratch | None:
     """The one-launch chain's scratch where it applies, after a one-time bitwise bias check (eager)."""
-    if os.environ.get(ENV_ONE_LAUNCH) == "0" or w2 is None or w2.shape != w1.shape or not w1.is_contiguous():
+    if w2 is None or w2.shape != w1.shape or not w1.is_contiguous():
         return None
     if w1.dtype != torch.bfloat16 or w1.shape[1] < 16:
         return None
@@ -51,7 +53,9 @@ def _chain(spec: Any, num_reqs: int, vocab: int, w1: torch.Tensor, w2: torch.Ten
             return None  # decide (and allocate) outside graph capture only
         probe = torch.linspace(0, vocab - 1, chain.ROW_TILE, device=w1.device).long()  # [16] token ids
         embed = spec.model.markov_embed(probe).contiguous()
-        same = bool(torch.equal(spec.model.markov_bias(embed), chain.markov_bias(embed, w2)))  # one sync, once
+        same = bool(
+            torch.equal(spec.model.markov_bias(embed), chain.markov_bias(embed, w2))
+        )  # one sync, once
         scratch = chain.ChainScratch.allocate(spec.max_num_reqs, spec.num_speculative_steps, vocab, w1.device)
         held = (scratch, same)
         setattr(spec, _CHAIN_ATTR, held)
@@ -99,8 +103,13 @@ def _scratch(spec: Any, vocab: int, table: torch.Tensor) -> tuple[DraftScratch, 
     return held
 
 
-def sample_sequential(spec: Any, num_reqs: int, head_hidden: torch.Tensor) -> bool:
-    """The fused chain; False (nothing written) where upstream's method has to run instead."""
+def sample_sequential(
+    spec: Any, num_reqs: int, head_hidden: torch.Tensor, one_launch: bool | None = None
+) -> bool:
+    """The fused chain; False (nothing written) where upstream's method has to run instead.
+
+    one_launch: try the one-launch chain (None: DEEPINFER_SM80_DSPARK_ONE_LAUNCH == "1").
+    """
     if unsupported(spec, head_hidden) is not None:
         return False
     n_spec = spec.num_speculative_steps
@@ -120,15 +129,30 @@ def sample_sequential(spec: Any, num_reqs: int, head_hidden: torch.Tensor) -> bo
     idx_map = spec.sample_idx_mapping[:num_sample].view(num_reqs, n_spec)
     sample_pos = spec.sample_pos[:num_sample].view(num_reqs, n_spec)
     gumbel = cache is not None
-    one_launch = _chain(spec, num_reqs, vocab, table, markov_head_w2(spec)) if base_logits.dtype == torch.bfloat16 else None
-    if one_launch is not None:
+    if one_launch is None:
+        one_launch = os.environ.get(ENV_ONE_LAUNCH) == "1"
+    held_chain = (
+        _chain(spec, vocab, table, markov_head_w2(spec))
+        if one_launch and base_logits.dtype == torch.bfloat16
+        else None
+    )
+    if held_chain is not None:
         setattr(spec, PATH_ATTR, "chain")
         chain.draft_chain(
-            base_logits, spec.input_buffers.input_ids, spec._anchor_idx[:num_reqs], table, markov_head_w2(spec),
-            spec.draft_tokens[:num_reqs], one_launch, gumbel=gumbel, idx_map=idx_map if gumbel else None,
-            temperature=spec.temperature if gumbel else None, seeds=spec.seeds if gumbel else None,
-            sample_pos=sample_pos if gumbel else None, logits_cache=cache,
-        )  # fmt: skip
+            base_logits,
+            spec.input_buffers.input_ids,
+            spec._anchor_idx[:num_reqs],
+            table,
+            markov_head_w2(spec),
+            spec.draft_tokens[:num_reqs],
+            held_chain,
+            gumbel=gumbel,
+            idx_map=idx_map if gumbel else None,
+            temperature=spec.temperature if gumbel else None,
+            seeds=spec.seeds if gumbel else None,
+            sample_pos=sample_pos if gumbel else None,
+            logits_cache=cache,
+        )
         return True
     setattr(spec, PATH_ATTR, "step")
     embed = spec.model.markov_embed(spec.input_buffers.input_ids[spec._anchor_idx[:num_reqs]])
@@ -138,11 +162,20 @@ def sample_sequential(spec: Any, num_reqs: int, head_hidden: torch.Tensor) -> bo
             raise ValueError(f"Markov bias is {bias.dtype}, base logits {base_logits.dtype}")
         embed = rows[:num_reqs]
         draft_step(
-            base_logits[:, i], bias, spec.draft_tokens[:num_reqs, i], scratch, gumbel=gumbel,
-            idx_map=idx_map[:, i] if gumbel else None, temperature=spec.temperature if gumbel else None,
-            seeds=spec.seeds if gumbel else None, sample_pos=sample_pos[:, i] if gumbel else None,
-            logits_cache=cache, cache_col=i, markov_w1=table, row_out=embed,
-        )  # fmt: skip
+            base_logits[:, i],
+            bias,
+            spec.draft_tokens[:num_reqs, i],
+            scratch,
+            gumbel=gumbel,
+            idx_map=idx_map[:, i] if gumbel else None,
+            temperature=spec.temperature if gumbel else None,
+            seeds=spec.seeds if gumbel else None,
+            sample_pos=sample_pos[:, i] if gumbel else None,
+            logits_cache=cache,
+            cache_col=i,
+            markov_w1=table,
+            row_out=embed,
+        )
     return True
 
 

@@ -37,7 +37,7 @@ def _mix32(h, word):
 
 @triton.jit
 def _draft_noise(seed, pos, token):
-    """Gumbel noise of (seed, salted pos, token id): murmur3-32, exact 16-bit split to fp32, -log(-log(1-u))."""
+    """Gumbel noise of (seed, salted pos, token id): murmur3-32, exact 16-bit split, -log(-log(1-u))."""
     seed = seed.to(tl.int64)
     pos = pos.to(tl.int64)
     h = (seed & 0).to(tl.uint32)  # the request prefix stays scalar until the token is mixed
@@ -279,8 +279,10 @@ def draft_step(
         _need(seeds is not None and seeds.dtype == torch.int64, "seeds must be int64 [slots]")
     if logits_cache is not None:
         _need(gumbel, "logits_cache is written in Gumbel mode only (upstream's greedy path keeps none)")
-        _need(logits_cache.dtype == base.dtype and logits_cache.shape[-1] >= V and logits_cache.stride(2) == 1,
-              f"logits_cache must be [slots, cols, >= {V}] {base.dtype}, unit last stride")  # fmt: skip
+        _need(
+            logits_cache.dtype == base.dtype and logits_cache.shape[-1] >= V and logits_cache.stride(2) == 1,
+            f"logits_cache must be [slots, cols, >= {V}] {base.dtype}, unit last stride",
+        )
     fetch = markov_w1 is not None
     if fetch:
         _need(row_out is not None, "markov_w1 needs row_out")
@@ -288,8 +290,10 @@ def draft_step(
             vocab_start == 0 and markov_w1.shape[0] == V,
             "the Markov row is fetched only over the whole vocabulary",
         )
-        _need(markov_w1.stride(1) == 1 and row_out.stride(1) == 1 and row_out.dtype == markov_w1.dtype,
-              "markov_w1 and row_out need unit column stride and one dtype")  # fmt: skip
+        _need(
+            markov_w1.stride(1) == 1 and row_out.stride(1) == 1 and row_out.dtype == markov_w1.dtype,
+            "markov_w1 and row_out need unit column stride and one dtype",
+        )
         _need(row_out.shape == (B, markov_w1.shape[1]), f"row_out must be [{B}, {markov_w1.shape[1]}]")
         _need(
             triton.next_power_of_2(markov_w1.shape[1]) == markov_w1.shape[1],
@@ -301,20 +305,45 @@ def draft_step(
         return
     cache = logits_cache if logits_cache is not None else base
     _draft_step_kernel[(B, blocks)](
-        base, base.stride(0), bias, bias.stride(0),
-        scratch.part_val, scratch.part_idx, scratch.part_val.stride(0), scratch.counters,
-        tokens_out, tokens_out.stride(0), best_out if best_out is not None else scratch.part_val,
-        markov_w1 if fetch else base, markov_w1.stride(0) if fetch else 0,
-        row_out if fetch else base, row_out.stride(0) if fetch else 0,
-        idx_map if gumbel else dummy, idx_map.stride(0) if gumbel else 0, temperature if gumbel else dummy,
-        seeds if gumbel else dummy, sample_pos if gumbel else dummy, sample_pos.stride(0) if gumbel else 0,
+        base,
+        base.stride(0),
+        bias,
+        bias.stride(0),
+        scratch.part_val,
+        scratch.part_idx,
+        scratch.part_val.stride(0),
+        scratch.counters,
+        tokens_out,
+        tokens_out.stride(0),
+        best_out if best_out is not None else scratch.part_val,
+        markov_w1 if fetch else base,
+        markov_w1.stride(0) if fetch else 0,
+        row_out if fetch else base,
+        row_out.stride(0) if fetch else 0,
+        idx_map if gumbel else dummy,
+        idx_map.stride(0) if gumbel else 0,
+        temperature if gumbel else dummy,
+        seeds if gumbel else dummy,
+        sample_pos if gumbel else dummy,
+        sample_pos.stride(0) if gumbel else 0,
         pos_offset,
-        cache, cache.stride(0) if logits_cache is not None else 0,
-        cache.stride(1) if logits_cache is not None else 0, cache_col, V, vocab_start,
-        BLOCK=SAMPLE_BLOCK, NUM_BLOCKS=blocks, PART_BLOCK=triton.next_power_of_2(blocks),
-        RANK=markov_w1.shape[1] if fetch else 1, ROUND_BF16=base.dtype == torch.bfloat16, GUMBEL=gumbel, WRITE_CACHE=logits_cache is not None,
-        FETCH_ROW=fetch, WRITE_BEST=best_out is not None, num_warps=NUM_WARPS,
-    )  # fmt: skip
+        cache,
+        cache.stride(0) if logits_cache is not None else 0,
+        cache.stride(1) if logits_cache is not None else 0,
+        cache_col,
+        V,
+        vocab_start,
+        BLOCK=SAMPLE_BLOCK,
+        NUM_BLOCKS=blocks,
+        PART_BLOCK=triton.next_power_of_2(blocks),
+        RANK=markov_w1.shape[1] if fetch else 1,
+        ROUND_BF16=base.dtype == torch.bfloat16,
+        GUMBEL=gumbel,
+        WRITE_CACHE=logits_cache is not None,
+        FETCH_ROW=fetch,
+        WRITE_BEST=best_out is not None,
+        num_warps=NUM_WARPS,
+    )
 
 
 # ----------------------------------------------------------------------------- compile specs
@@ -323,24 +352,32 @@ _SIG = {
     "part_val_ptr": "*fp32", "part_idx_ptr": "*i32", "part_stride": "i32", "count_ptr": "*i32",
     "tok_ptr": "*i64", "tok_stride": "i32", "best_ptr": "*fp32", "w1_ptr": "*bf16", "w1_stride": "i32",
     "row_ptr": "*bf16", "row_stride": "i32", "idx_map_ptr": "*i64", "idx_map_stride": "i32",
-    "temp_ptr": "*fp32", "seed_ptr": "*i64", "pos_ptr": "*i64", "pos_stride": "i32", "pos_offset": "i32", "cache_ptr": "*bf16",
-    "cache_stride_req": "i32", "cache_stride_col": "i32", "cache_col": "i32", "vocab": "i32",
-    "vocab_start": "i32", "BLOCK": "constexpr", "NUM_BLOCKS": "constexpr", "PART_BLOCK": "constexpr",
-    "RANK": "constexpr", "ROUND_BF16": "constexpr", "GUMBEL": "constexpr", "WRITE_CACHE": "constexpr", "FETCH_ROW": "constexpr",
-    "WRITE_BEST": "constexpr",
+    "temp_ptr": "*fp32", "seed_ptr": "*i64", "pos_ptr": "*i64", "pos_stride": "i32", "pos_offset": "i32",
+    "cache_ptr": "*bf16", "cache_stride_req": "i32", "cache_stride_col": "i32", "cache_col": "i32",
+    "vocab": "i32", "vocab_start": "i32", "BLOCK": "constexpr", "NUM_BLOCKS": "constexpr",
+    "PART_BLOCK": "constexpr", "RANK": "constexpr", "ROUND_BF16": "constexpr", "GUMBEL": "constexpr",
+    "WRITE_CACHE": "constexpr", "FETCH_ROW": "constexpr", "WRITE_BEST": "constexpr",
 }  # fmt: skip
 # logits rows of 129,280 / 16,160 bf16 and rank-256 rows are 16-element multiples in production
-_ALIGNED = ("base_ptr", "base_stride", "bias_ptr", "bias_stride", "part_val_ptr", "part_idx_ptr", "w1_ptr",
-            "w1_stride", "row_ptr", "row_stride", "cache_ptr", "cache_stride_req", "cache_stride_col")  # fmt: skip
+_ALIGNED = (
+    "base_ptr", "base_stride", "bias_ptr", "bias_stride", "part_val_ptr", "part_idx_ptr", "w1_ptr",
+    "w1_stride", "row_ptr", "row_stride", "cache_ptr", "cache_stride_req", "cache_stride_col",
+)  # fmt: skip
 
 
 def _spec(name: str, vocab: int, gumbel: bool, fetch: bool) -> CompileSpec:
     blocks = triton.cdiv(vocab, SAMPLE_BLOCK)
     constexprs = {
-        "BLOCK": SAMPLE_BLOCK, "NUM_BLOCKS": blocks, "PART_BLOCK": triton.next_power_of_2(blocks),
-        "RANK": 256 if fetch else 1, "ROUND_BF16": True, "GUMBEL": gumbel, "WRITE_CACHE": gumbel, "FETCH_ROW": fetch,
+        "BLOCK": SAMPLE_BLOCK,
+        "NUM_BLOCKS": blocks,
+        "PART_BLOCK": triton.next_power_of_2(blocks),
+        "RANK": 256 if fetch else 1,
+        "ROUND_BF16": True,
+        "GUMBEL": gumbel,
+        "WRITE_CACHE": gumbel,
+        "FETCH_ROW": fetch,
         "WRITE_BEST": not fetch,
-    }  # fmt: skip
+    }
     return CompileSpec(
         f"dspark_draft.{name}", _draft_step_kernel, _SIG, constexprs, NUM_WARPS, divisible_by_16=_ALIGNED
     )

@@ -139,16 +139,20 @@ def draft_chain_ref(
     pos: torch.Tensor | None = None,  # [B, K] position before each sampled token
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """All K positions: (tokens [B, K] int64, logits [B, K, V] as summed, what a draft cache stores)."""
-    B, K, _ = base_logits.shape
+    K = base_logits.shape[1]
     prev = anchor.long()
     tokens, logits = [], []
     for i in range(K):
         bias = F.linear(F.embedding(prev, markov_w1), markov_w2)  # [B, V]
         step_logits, _, prev = draft_step_ref(
-            base_logits[:, i], bias, gumbel=gumbel,
-            idx_map=None if idx_map is None else idx_map[:, i], temperature=temperature, seeds=seeds,
+            base_logits[:, i],
+            bias,
+            gumbel=gumbel,
+            idx_map=None if idx_map is None else idx_map[:, i],
+            temperature=temperature,
+            seeds=seeds,
             pos=None if pos is None else pos[:, i],
-        )  # fmt: skip
+        )
         tokens.append(prev)
         logits.append(step_logits)
     return torch.stack(tokens, 1), torch.stack(logits, 1)
