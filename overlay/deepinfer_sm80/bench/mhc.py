@@ -135,25 +135,38 @@ def fused_rows(num_tokens: int, up: Any, ceilings: Ceilings) -> tuple[list[Row],
     return rows, us
 
 
-SWEEP_SHAPES = ((1, 32, 4), (1, 64, 4), (2, 64, 4), (4, 64, 2), (4, 128, 2))
+# (block_m, n_thr, vec, n_groups): the first H200 run's single-group shapes and the grouped ones
+SWEEP_SHAPES = (
+    (1, 32, 4, 1),
+    (1, 128, 4, 4),
+    (1, 64, 4, 2),
+    (2, 64, 4, 1),
+    (2, 128, 4, 4),
+    (4, 64, 2, 1),
+    (4, 128, 2, 2),
+    (4, 128, 2, 1),
+)
 
 
 def sweep_configs(num_tokens: int) -> list[splits.PartialsConfig]:
-    """Aligned (block_m, n_thr, n_splits, vec) with between 1 and 8 waves' worth of CTAs on 132 SMs."""
+    """Per shape, the two largest aligned split counts with at most 2 CTAs per SM on 132 SMs."""
     out = []
-    for block_m, n_thr, vec in SWEEP_SHAPES:
-        units = HIDDEN // (n_thr * vec)
-        for n_splits in (d for d in (1, 5, 10, 20, 40) if units % d == 0):
-            ctas = -(-num_tokens // block_m) * n_splits
-            if ctas <= 8 * 132 and (ctas >= 20 or n_splits == units):
-                out.append(splits.PartialsConfig(block_m, n_thr, n_splits, vec))
+    for block_m, n_thr, vec, n_groups in SWEEP_SHAPES:
+        units = HIDDEN // (32 * (n_thr // 32 // n_groups) * vec)
+        m_blocks = -(-num_tokens // block_m)
+        fits = [d for d in (40, 20, 10, 5, 2, 1) if units % d == 0 and m_blocks * d <= 2 * 132] or [1]
+        out += [splits.PartialsConfig(block_m, n_thr, d, vec, n_groups=n_groups) for d in fits[:2]]
+    if num_tokens >= splits.TC_MIN_TOKENS:
+        m_blocks = -(-num_tokens // splits.TC_BLOCK_M)
+        fits = [d for d in (40, 20, 10, 8, 5, 4, 2, 1) if m_blocks * d <= 2 * 132]
+        out += [splits.PartialsConfig(splits.TC_BLOCK_M, splits.TC_THREADS, d, 8, tc=True) for d in fits[:3]]
     return out
 
 
 def sweep(num_tokens: int, ceilings: Ceilings) -> list[dict[str, object]]:
     """The selector's neighbours, timed on the same input sets (compiled up front in parallel)."""
     cfgs = sweep_configs(num_tokens)
-    jobs = [("partials", bd.partials_params(HIDDEN, 4 * HIDDEN, True, True, False, c)) for c in cfgs]
+    jobs = [bd.partials_job(HIDDEN, 4 * HIDDEN, True, True, False, c) for c in cfgs]
     jobs += [
         ("epilogue", bd.epilogue_params(HIDDEN, c.n_splits, 4 * HIDDEN, (*SCALARS, P.norm_eps), True))
         for c in cfgs

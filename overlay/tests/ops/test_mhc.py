@@ -148,14 +148,23 @@ def test_split_is_aligned_and_fills_the_gpu(hidden, sms):
         assert ctas <= splits.CTAS_PER_SM * sms or cfg.n_splits == 1, (t, cfg)
 
 
+def test_tensor_core_split_is_aligned():
+    for hidden in (HIDDEN, *OTHER_HIDDEN):
+        for t in (splits.TC_MIN_TOKENS, 1000, 1536, 8192):
+            cfg = splits.partials_config(t, hidden, 108, tensor_cores=True)
+            assert cfg.tc and (hidden // cfg.n_splits) % splits.TC_COLUMNS == 0, (hidden, t, cfg)
+    assert not splits.partials_config(splits.TC_MIN_TOKENS - 1, HIDDEN, 108, tensor_cores=True).tc
+
+
 def test_split_at_5120_uses_5x128_columns_at_one_token():
     cfg = splits.partials_config(1, HIDDEN, 108)
     assert (cfg.n_splits, HIDDEN // cfg.n_splits) == (40, 128)
 
 
-def test_warmup_list_covers_every_selection():
-    configs = set(splits.configs_for_server(2048, HIDDEN, 108))
-    assert {splits.partials_config(t, HIDDEN, 108) for t in range(1, 2049)} == configs
+@pytest.mark.parametrize("tc", [False, True])
+def test_warmup_list_covers_every_selection(tc):
+    configs = set(splits.configs_for_server(2048, HIDDEN, 108, tc))
+    assert {splits.partials_config(t, HIDDEN, 108, tc) for t in range(1, 2049)} == configs
 
 
 @pytest.mark.parametrize("bad", [dict(num_tokens=0), dict(hidden=5000), dict(sm_count=0)])
@@ -167,7 +176,14 @@ def test_selector_refuses_bad_input(bad):
 
 # ----------------------------------------------------------------------------- cross-compile
 @pytest.mark.skipif(tilelang_missing_reason() is not None, reason=str(tilelang_missing_reason()))
-@pytest.mark.parametrize("which", ["mhc_partials post+pre h5120 bm1", "upstream mhc_fused_tilelang tile_n2"])
+@pytest.mark.parametrize(
+    "which",
+    [
+        "mhc_partials post+pre h5120 T1 ",
+        "mhc_partials_tc post+pre h5120 T1536",
+        "upstream mhc_fused_tilelang tile_n2",
+    ],
+)
 def test_compiles_for_sm80_within_budget(which):
     from deepinfer_sm80.testing.tilelang_compile import compile_tilelang
 
@@ -177,7 +193,7 @@ def test_compiles_for_sm80_within_budget(which):
 
 
 # ------------------------------------------------------------------------- GPU: kernels vs spec and upstream
-GPU_TOKENS = [1, 5, 16, 33, 1536]
+GPU_TOKENS = [1, 5, 16, 33, 128, 1536]  # 128 and 1536: the tensor-core partials (fused variants)
 TOL = dict(abs=2e-5, rel_in_eps=2**10)  # fp32: sum order over 20480 terms + rsqrtf/expf approximations
 WHY = "split-h partial sums in another order; rsqrtf/expf vs torch's; 20 Sinkhorn divisions"
 
@@ -238,6 +254,81 @@ def test_kernels_match_spec(num_tokens, variant):
     assert_close("post", post.squeeze(-1), want.post, **TOL, why=WHY)
     assert_close("comb", comb, want.comb, **TOL, why=WHY)
     assert_close("pre_mix", pre, want.pre_mix, **TOL, why=WHY)
+    _bf16_close(f"layer_input {seed_note(name)}", li, want.layer_input)
+
+
+SMALL_T_CONFIGS = [  # the single-warp config of the first H200 run and the grouped ones the selector uses now
+    splits.PartialsConfig(1, 32, 40, 4),
+    splits.PartialsConfig(1, 128, 40, 4, n_groups=4),
+    splits.PartialsConfig(2, 128, 20, 4, n_groups=4),
+    splits.PartialsConfig(4, 128, 20, 2, n_groups=2),
+]
+
+
+@requires_cuda
+@pytest.mark.parametrize("num_tokens", [1, 7])
+@pytest.mark.parametrize("cfg", SMALL_T_CONFIGS, ids=str)
+def test_fused_small_t_configs(num_tokens, cfg):
+    from deepinfer_sm80.ops.mhc import boundary as bd
+
+    name = f"gpu-cfg-T{num_tokens}"
+    inp = boundary_inputs(name, num_tokens, HIDDEN).to("cuda")
+    want = _run(inp, fused=True, aux=True)
+    res, post, comb, li, pre, aux = bd.fused_post_pre_with_config(
+        cfg,
+        inp.x,
+        inp.residual,
+        inp.post.unsqueeze(-1),
+        inp.comb,
+        inp.fn,
+        inp.hc_scale,
+        inp.hc_base,
+        *_scalars(),
+        pre_mix=inp.pre_mix,
+        norm_weight=inp.norm_weight,
+        norm_eps=P.norm_eps,
+        capture_aux=True,
+    )
+    _bf16_close(f"R' {seed_note(name)}", res, want.residual)
+    _bf16_close("aux", aux, want.aux)
+    assert_close("post", post.squeeze(-1), want.post, **TOL, why=WHY)
+    assert_close("comb", comb, want.comb, **TOL, why=WHY)
+    assert_close("pre_mix", pre, want.pre_mix, **TOL, why=WHY)
+    _bf16_close(f"layer_input {seed_note(name)}", li, want.layer_input)
+
+
+@requires_cuda
+@pytest.mark.parametrize("tc", [False, True])
+@pytest.mark.parametrize("num_tokens", [130, 1536])
+def test_fused_both_paths_at_many_tokens(num_tokens, tc):
+    """The selector picks tensor cores here; the CUDA-core partials must agree at the same T."""
+    from deepinfer_sm80.ops.mhc import boundary as bd
+
+    name = f"gpu-paths-T{num_tokens}"
+    inp = boundary_inputs(name, num_tokens, HIDDEN).to("cuda")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    cfg = splits.partials_config(num_tokens, HIDDEN, sms, tensor_cores=tc)
+    assert cfg.tc == tc
+    want = _run(inp, fused=True)
+    res, post, comb, li, pre, _ = bd.fused_post_pre_with_config(
+        cfg,
+        inp.x,
+        inp.residual,
+        inp.post.unsqueeze(-1),
+        inp.comb,
+        inp.fn,
+        inp.hc_scale,
+        inp.hc_base,
+        *_scalars(),
+        pre_mix=inp.pre_mix,
+        norm_weight=inp.norm_weight,
+        norm_eps=P.norm_eps,
+    )
+    _bf16_close(f"R' {seed_note(name)}", res, want.residual)
+    # tensor cores: fn as bf16 hi + lo carries it to ~2^-16 relative, products exact, fp32 accumulation
+    assert_close("post", post.squeeze(-1), want.post, **TOL, why=WHY + "; fn hi+lo split")
+    assert_close("comb", comb, want.comb, **TOL, why=WHY + "; fn hi+lo split")
+    assert_close("pre_mix", pre, want.pre_mix, **TOL, why=WHY + "; fn hi+lo split")
     _bf16_close(f"layer_input {seed_note(name)}", li, want.layer_input)
 
 

@@ -8,7 +8,7 @@ needs no TileLang; only a launch or a compile does.
 from __future__ import annotations
 
 from deepinfer_sm80.ops.mhc import splits
-from deepinfer_sm80.ops.mhc.boundary import epilogue_params, partials_params
+from deepinfer_sm80.ops.mhc.boundary import epilogue_params, partials_job, partials_params
 from deepinfer_sm80.testing.tilelang_compile import TileLangSpec
 
 _OURS = "deepinfer_sm80.ops.mhc.kernels"
@@ -23,12 +23,19 @@ def _ours() -> tuple[TileLangSpec, ...]:
     specs = []
     hidden = 5120
     for t in REPORT_TOKENS:
-        cfg = splits.partials_config(t, hidden, A100_SMS)
-        tag = f"bm{cfg.block_m}-t{cfg.n_thr}-s{cfg.n_splits}-v{cfg.vec}"
-        params = dict(partials_params(hidden, 4 * hidden, True, True, False, cfg))
-        specs.append(
-            TileLangSpec(f"mhc_partials post+pre h{hidden} {tag}", f"{_OURS}:mhc_partials_kernel", params)
-        )
+        cfg = splits.partials_config(t, hidden, A100_SMS, tensor_cores=True)
+        tag = f"bm{cfg.block_m}-t{cfg.n_thr}-s{cfg.n_splits}-v{cfg.vec}-g{cfg.n_groups}"
+        name, params = partials_job(hidden, 4 * hidden, True, True, False, cfg)
+        kernel = f"{_OURS}_tc:mhc_partials_tc_kernel" if cfg.tc else f"{_OURS}:mhc_partials_kernel"
+        specs.append(TileLangSpec(f"mhc_{name} post+pre h{hidden} T{t} {tag}", kernel, dict(params)))
+    tc = splits.partials_config(1536, hidden, A100_SMS, tensor_cores=True)
+    name, params = partials_job(hidden, 4 * hidden, True, True, True, tc)
+    specs.append(
+        TileLangSpec(f"mhc_{name} aux h{hidden} T1536", f"{_OURS}_tc:mhc_partials_tc_kernel", dict(params))
+    )
+    cfg = splits.partials_config(1536, hidden, A100_SMS)  # CUDA-core partials at many tokens (pre-only)
+    params = dict(partials_params(hidden, 4 * hidden, False, True, False, cfg))
+    specs.append(TileLangSpec(f"mhc_partials pre h{hidden} T1536", f"{_OURS}:mhc_partials_kernel", params))
     first = splits.partials_config(1, hidden, A100_SMS)
     for label, width, post, pre, aux in (
         ("first-layer", hidden, False, False, False),
@@ -38,7 +45,9 @@ def _ours() -> tuple[TileLangSpec, ...]:
         specs.append(
             TileLangSpec(f"mhc_partials {label} h{hidden} T1", f"{_OURS}:mhc_partials_kernel", params)
         )
-    for n_splits in sorted({splits.partials_config(t, hidden, A100_SMS).n_splits for t in REPORT_TOKENS}):
+    for n_splits in sorted(
+        {splits.partials_config(t, hidden, A100_SMS, True).n_splits for t in REPORT_TOKENS}
+    ):
         params = dict(epilogue_params(hidden, n_splits, 4 * hidden, V41_EPS, True))
         specs.append(
             TileLangSpec(f"mhc_epilogue h{hidden} s{n_splits}", f"{_OURS}:mhc_epilogue_kernel", params)

@@ -88,15 +88,17 @@ def _boundary(
     if num_tokens == 0:
         return outputs
 
-    cfg = config or splits.partials_config(num_tokens, hidden, sm_count(dev.index or 0))
+    tc_ok = has_post and pre_mix is not None and gemm_width == hc * hidden
+    cfg = config or splits.partials_config(num_tokens, hidden, sm_count(dev.index or 0), tc_ok)
+    if cfg.tc and not tc_ok:
+        raise ValueError("mhc: the tensor-core partials need the fused post + pre with a carried pre-mix")
     part_mix = torch.empty(cfg.n_splits, num_tokens, MIX_SLOTS, dtype=torch.float32, device=dev)
     part_sq = torch.empty(cfg.n_splits, num_tokens, dtype=torch.float32, device=dev)
     part_ysq = torch.empty_like(part_sq)
     one = residual.new_empty(1, hc, hidden)  # placeholders for arguments a variant never reads
     kernels = _kernels()
     partials = kernels.compiled(
-        "partials",
-        partials_params(hidden, gemm_width, has_post, pre_mix is not None, capture_aux, cfg),
+        *partials_job(hidden, gemm_width, has_post, pre_mix is not None, capture_aux, cfg)
     )
     partials(
         residual,
@@ -131,6 +133,20 @@ def _boundary(
     return outputs
 
 
+def partials_job(
+    hidden: int,
+    gemm_width: int,
+    has_post: bool,
+    use_pre_mix: bool,
+    write_aux: bool,
+    cfg: splits.PartialsConfig,
+) -> tuple[str, tuple[tuple[str, object], ...]]:
+    """(kernel name, compile-time parameters) of the partials launch for this variant and config."""
+    if cfg.tc:
+        return "partials_tc", (("hidden", hidden), ("n_splits", cfg.n_splits), ("write_aux", write_aux))
+    return "partials", partials_params(hidden, gemm_width, has_post, use_pre_mix, write_aux, cfg)
+
+
 def partials_params(
     hidden: int,
     gemm_width: int,
@@ -149,6 +165,7 @@ def partials_params(
         ("n_thr", cfg.n_thr),
         ("n_splits", cfg.n_splits),
         ("vec", cfg.vec),
+        ("n_groups", cfg.n_groups),
     )
 
 
@@ -311,14 +328,15 @@ def warmup(
     """
     kernels = _kernels()
     jobs: list[tuple[str, tuple[tuple[str, object], ...]]] = []
-    for cfg in splits.configs_for_server(max_tokens, hidden, sm_count_):
-        for gemm_width, has_post, use_pre, aux in (
-            (hidden, False, False, False),
-            (HC_MULT * hidden, True, True, False),
-            (HC_MULT * hidden, True, True, True),
-            (HC_MULT * hidden, False, True, False),
-        ):
-            jobs.append(("partials", partials_params(hidden, gemm_width, has_post, use_pre, aux, cfg)))
+    for gemm_width, has_post, use_pre, aux in (
+        (hidden, False, False, False),
+        (HC_MULT * hidden, True, True, False),
+        (HC_MULT * hidden, True, True, True),
+        (HC_MULT * hidden, False, True, False),
+    ):
+        tc_ok = has_post and use_pre
+        for cfg in splits.configs_for_server(max_tokens, hidden, sm_count_, tc_ok):
+            jobs.append(partials_job(hidden, gemm_width, has_post, use_pre, aux, cfg))
     for n_splits in splits.split_counts_for_server(max_tokens, hidden, sm_count_):
         for rms_numel in (hidden, HC_MULT * hidden):
             jobs.append(("epilogue", epilogue_params(hidden, n_splits, rms_numel, eps, True)))

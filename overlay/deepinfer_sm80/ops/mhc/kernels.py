@@ -54,6 +54,7 @@ def mhc_partials_kernel(
     n_thr: int,
     n_splits: int,
     vec: int,
+    n_groups: int = 1,
 ):
     """One CTA: `block_m` tokens x one h-slice of `hidden // n_splits` columns.
 
@@ -61,15 +62,24 @@ def mhc_partials_kernel(
     (write_aux), and per-split partials: 24 projections, sum of squares of the projected row, sum
     of y^2. gemm_width = 4*hidden projects the streams; = hidden projects `x` (the first layer's
     embedding, whose broadcast streams are 4 copies of it).
+
+    The warps form `n_groups` output groups over the same columns: group g projects outputs
+    [g*24/n_groups, (g+1)*24/n_groups), so a thread issues 96/n_groups fn loads per iteration
+    instead of 96 (one memory round instead of several at few tokens); every group post-maps its
+    columns (the stream loads are shared through L1), group 0 alone stores.
     """
     hc = 4
     n_out = MIX_SLOTS
+    n_per = n_out // n_groups
     num_tokens = T.dynamic("num_tokens")
     h_per_split = hidden // n_splits
-    iters = h_per_split // (n_thr * vec)
     n_warps = n_thr // 32
-    n_red = block_m * (n_out + 2)
+    h_warps = n_warps // n_groups
+    cols_per_iter = 32 * h_warps * vec
+    iters = h_per_split // cols_per_iter
+    n_red = block_m * (n_per + 2)
     on_streams = gemm_width == hc * hidden
+    coef_in_regs = block_m <= 2  # 24 floats per token; at block_m 4 they go to shared memory
     # arguments a variant never touches are (1, ...) placeholders
     post_rows = num_tokens if has_post else 1
     x_rows = num_tokens if (has_post or not on_streams) else 1
@@ -94,13 +104,19 @@ def mhc_partials_kernel(
         tid = T.get_thread_binding()
         lane = tid % 32
         warp = tid // 32
-        acc = T.alloc_local((block_m * n_out,), T.float32)
+        grp = warp % n_groups
+        h_warp = warp // n_groups
+        acc = T.alloc_local((block_m * n_per,), T.float32)
         sq = T.alloc_local((block_m,), T.float32)
         ysq = T.alloc_local((block_m,), T.float32)
-        # per-token coefficients in shared memory: registers go to the accumulators
-        coef_post = T.alloc_shared((block_m * hc,), T.float32)
-        coef_comb = T.alloc_shared((block_m * hc * hc,), T.float32)
-        coef_pre = T.alloc_shared((block_m * hc,), T.float32)
+        if coef_in_regs:
+            coef_post = T.alloc_local((block_m * hc,), T.float32)
+            coef_comb = T.alloc_local((block_m * hc * hc,), T.float32)
+            coef_pre = T.alloc_local((block_m * hc,), T.float32)
+        else:
+            coef_post = T.alloc_shared((block_m * hc,), T.float32)
+            coef_comb = T.alloc_shared((block_m * hc * hc,), T.float32)
+            coef_pre = T.alloc_shared((block_m * hc,), T.float32)
         rin = T.alloc_local((hc * vec,), T.float32)
         xin = T.alloc_local((vec,), T.float32)
         rnew = T.alloc_local((block_m * hc * vec,), T.float32)
@@ -113,30 +129,48 @@ def mhc_partials_kernel(
         T.clear(sq)
         T.clear(ysq)
 
-        for c0 in T.serial(T.ceildiv(block_m * hc * (hc + 2), n_thr)):
-            idx = c0 * n_thr + tid
-            if idx < block_m * hc * (hc + 2):
-                m = idx // (hc * (hc + 2))
-                e = idx % (hc * (hc + 2))
+        if coef_in_regs:
+            # every thread loads its tokens' 24 coefficients (same address across the warp: one
+            # broadcast transaction each) with no barrier in front of the fn loads
+            for m in T.unroll(block_m):
                 t = i_m * block_m + m
                 ok = t < num_tokens
-                if e < hc * hc:
-                    # comb[k, j] at e = k*4 + j
+                for j in T.unroll(hc):
                     if has_post:
-                        coef_comb[m * hc * hc + e] = T.if_then_else(ok, comb_mix[t, e // hc, e % hc], 0.0)
-                elif e < hc * hc + hc:
-                    if has_post:
-                        coef_post[m * hc + e - hc * hc] = T.if_then_else(ok, post_mix[t, e - hc * hc], 0.0)
-                else:
-                    jj = e - hc * hc - hc
+                        coef_post[m * hc + j] = T.if_then_else(ok, post_mix[t, j], 0.0)
+                        for k in T.unroll(hc):
+                            coef_comb[(m * hc + k) * hc + j] = T.if_then_else(ok, comb_mix[t, k, j], 0.0)
                     if use_pre_mix:
-                        coef_pre[m * hc + jj] = T.if_then_else(ok, pre_mix[t, jj], 0.0)
+                        coef_pre[m * hc + j] = T.if_then_else(ok, pre_mix[t, j], 0.0)
                     else:
-                        coef_pre[m * hc + jj] = T.if_then_else(jj == 0, 1.0, 0.0)
-        T.sync_threads()
+                        coef_pre[m * hc + j] = T.if_then_else(j == 0, 1.0, 0.0)
+        else:
+            for c0 in T.serial(T.ceildiv(block_m * hc * (hc + 2), n_thr)):
+                idx = c0 * n_thr + tid
+                if idx < block_m * hc * (hc + 2):
+                    m = idx // (hc * (hc + 2))
+                    e = idx % (hc * (hc + 2))
+                    t = i_m * block_m + m
+                    ok = t < num_tokens
+                    if e < hc * hc:
+                        # comb[k, j] at e = k*4 + j
+                        if has_post:
+                            coef_comb[m * hc * hc + e] = T.if_then_else(ok, comb_mix[t, e // hc, e % hc], 0.0)
+                    elif e < hc * hc + hc:
+                        if has_post:
+                            coef_post[m * hc + e - hc * hc] = T.if_then_else(
+                                ok, post_mix[t, e - hc * hc], 0.0
+                            )
+                    else:
+                        jj = e - hc * hc - hc
+                        if use_pre_mix:
+                            coef_pre[m * hc + jj] = T.if_then_else(ok, pre_mix[t, jj], 0.0)
+                        else:
+                            coef_pre[m * hc + jj] = T.if_then_else(jj == 0, 1.0, 0.0)
+            T.sync_threads()
 
         for it in T.serial(iters):
-            h0 = i_s * h_per_split + (it * n_thr + tid) * vec
+            h0 = i_s * h_per_split + (it * h_warps + h_warp) * (32 * vec) + lane * vec
             for m in T.unroll(block_m):
                 t = i_m * block_m + m
                 if t < num_tokens:
@@ -158,10 +192,6 @@ def mhc_partials_kernel(
                             else:
                                 rb[j * vec + v] = T.cast(rin[j * vec + v], T.bfloat16)
                             rnew[(m * hc + j) * vec + v] = T.cast(rb[j * vec + v], T.float32)
-                    if has_post:
-                        for j in T.unroll(hc):
-                            for v in T.vectorized(vec):
-                                residual_out[t, j, h0 + v] = rb[j * vec + v]
                     for v in T.unroll(vec):
                         y = T.alloc_var(T.float32)
                         y = 0.0
@@ -176,11 +206,16 @@ def mhc_partials_kernel(
                             for j in T.unroll(hc):
                                 s = s + rnew[(m * hc + j) * vec + v]
                             ab[v] = T.cast(s / hc, T.bfloat16)
-                    for v in T.vectorized(vec):
-                        layer_input[t, h0 + v] = yb[v]
-                    if write_aux:
+                    if grp == 0:
+                        if has_post:
+                            for j in T.unroll(hc):
+                                for v in T.vectorized(vec):
+                                    residual_out[t, j, h0 + v] = rb[j * vec + v]
                         for v in T.vectorized(vec):
-                            aux_out[t, h0 + v] = ab[v]
+                            layer_input[t, h0 + v] = yb[v]
+                        if write_aux:
+                            for v in T.vectorized(vec):
+                                aux_out[t, h0 + v] = ab[v]
                     if on_streams:
                         for j in T.unroll(hc):
                             for v in T.unroll(vec):
@@ -197,7 +232,8 @@ def mhc_partials_kernel(
                     for v in T.unroll(vec):
                         xg[m * vec + v] = 0.0
             # projection: each fn element is loaded once and used for all block_m tokens
-            for n in T.unroll(n_out):
+            for nn in T.unroll(n_per):
+                n = grp * n_per + nn
                 if on_streams:
                     for j in T.unroll(hc):
                         wv = T.alloc_local((vec,), T.float32)
@@ -205,45 +241,48 @@ def mhc_partials_kernel(
                             wv[v] = fn[n, j * hidden + h0 + v]
                         for v in T.unroll(vec):
                             for m in T.unroll(block_m):
-                                acc[m * n_out + n] += wv[v] * rnew[(m * hc + j) * vec + v]
+                                acc[m * n_per + nn] += wv[v] * rnew[(m * hc + j) * vec + v]
                 else:
                     wx = T.alloc_local((vec,), T.float32)
                     for v in T.vectorized(vec):
                         wx[v] = fn[n, h0 + v]
                     for v in T.unroll(vec):
                         for m in T.unroll(block_m):
-                            acc[m * n_out + n] += wx[v] * xg[m * vec + v]
+                            acc[m * n_per + nn] += wx[v] * xg[m * vec + v]
 
-        # block reduction: warp shuffles, then one row per warp in shared memory
+        # block reduction: warp shuffles, then across the h-warps of each group in shared memory
         for m in T.unroll(block_m):
-            for n in T.unroll(n_out):
-                acc[m * n_out + n] = T.warp_reduce_sum(acc[m * n_out + n])
+            for nn in T.unroll(n_per):
+                acc[m * n_per + nn] = T.warp_reduce_sum(acc[m * n_per + nn])
             sq[m] = T.warp_reduce_sum(sq[m])
             ysq[m] = T.warp_reduce_sum(ysq[m])
         if lane == 0:
             for m in T.unroll(block_m):
-                for n in T.unroll(n_out):
-                    red[warp, m * (n_out + 2) + n] = acc[m * n_out + n]
-                red[warp, m * (n_out + 2) + n_out] = sq[m]
-                red[warp, m * (n_out + 2) + n_out + 1] = ysq[m]
+                for nn in T.unroll(n_per):
+                    red[warp, m * (n_per + 2) + nn] = acc[m * n_per + nn]
+                red[warp, m * (n_per + 2) + n_per] = sq[m]
+                red[warp, m * (n_per + 2) + n_per + 1] = ysq[m]
         T.sync_threads()
-        for r0 in T.serial(T.ceildiv(n_red, n_thr)):
+        for r0 in T.serial(T.ceildiv(n_groups * n_red, n_thr)):
             idx = r0 * n_thr + tid
-            if idx < n_red:
+            if idx < n_groups * n_red:
+                g = idx // n_red
+                r = idx % n_red
                 total = T.alloc_var(T.float32)
                 total = 0.0
-                for w in T.unroll(n_warps):
-                    total = total + red[w, idx]
-                m = idx // (n_out + 2)
-                col = idx % (n_out + 2)
+                for w in T.unroll(h_warps):
+                    total = total + red[w * n_groups + g, r]
+                m = r // (n_per + 2)
+                col = r % (n_per + 2)
                 t = i_m * block_m + m
                 if t < num_tokens:
-                    if col < n_out:
-                        part_mix[i_s, t, col] = total
-                    elif col == n_out:
-                        part_sq[i_s, t] = total
-                    else:
-                        part_ysq[i_s, t] = total
+                    if col < n_per:
+                        part_mix[i_s, t, g * n_per + col] = total
+                    elif g == 0:
+                        if col == n_per:
+                            part_sq[i_s, t] = total
+                        else:
+                            part_ysq[i_s, t] = total
 
 
 @tilelang.jit(pass_configs=PASS_CONFIGS)
@@ -411,18 +450,26 @@ _JITS = {"partials": mhc_partials_kernel, "epilogue": mhc_epilogue_kernel, "post
 _COMPILED: dict[tuple[str, tuple[tuple[str, Any], ...]], Any] = {}
 
 
+def _jits() -> dict[str, Any]:
+    if "partials_tc" not in _JITS:  # kernels_tc imports this module: bound on first use
+        from deepinfer_sm80.ops.mhc.kernels_tc import mhc_partials_tc_kernel
+
+        _JITS["partials_tc"] = mhc_partials_tc_kernel
+    return _JITS
+
+
 def compiled(kernel_name: str, params: tuple[tuple[str, Any], ...]) -> Any:
     """One compiled kernel per (kernel, compile-time parameters), kept for the process."""
     key = (kernel_name, params)
     kernel = _COMPILED.get(key)
     if kernel is None:
-        kernel = _COMPILED[key] = _JITS[kernel_name].compile(**dict(params))
+        kernel = _COMPILED[key] = _jits()[kernel_name].compile(**dict(params))
     return kernel
 
 
 def compile_many(jobs: list[tuple[str, tuple[tuple[str, Any], ...]]], num_workers: int) -> None:
     """Compile the missing jobs with TileLang's par_compile (serial elaboration, parallel nvcc)."""
-    for kernel_name, jit in _JITS.items():
+    for kernel_name, jit in _jits().items():
         missing = list(dict.fromkeys(p for n, p in jobs if n == kernel_name and (n, p) not in _COMPILED))
         if missing:
             built = jit.par_compile([dict(p) for p in missing], num_workers=num_workers)
