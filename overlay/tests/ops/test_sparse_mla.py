@@ -50,6 +50,7 @@ DECODE_CASES = [
     Case("dense-with-invalid", (90, 128), (300, 77), ragged=False, invalid_frac=0.2),
     Case("single-query-tp8", (5,), (61,), heads=V41.per_rank(8).heads),
     Case("tp2-two-head-blocks", (40,), (70,), heads=V41.per_rank(2).heads, inv_rope=False),
+    Case("tp1-64-heads", (3,), (20,), heads=V41.per_rank(1).heads),
     Case("window-only", (128, 3), (0, 0), swa_only=True),
     Case("zero-valid-topk", (20, 1), (0, 0), ragged=False, invalid_frac=1.0, sink="none"),
     Case("sink-mixed", (33, 64), (129, 31), sink="mixed"),
@@ -252,6 +253,32 @@ def test_prefill_vs_reference(
         rel_in_eps=2.0,
         why="bf16 softmax weights, accumulation order; |kv| <= ~5 (N(0,1) bf16)",
     )
+
+
+@pytest.mark.parametrize("sms", [108, 82, 132])
+def test_base_splits_follow_upstream(sms: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The base heuristic is upstream's `_decode_num_splits` (its own code, imported from vLLM 0.32.0),
+    at the base kernel's rows per step."""
+    up = pytest.importorskip("vllm.v1.attention.ops.rocm_aiter_mla_sparse")
+    monkeypatch.setattr(up, "_decode_cu_count", lambda: sms)
+    for tq in (1, 2, 3, 6, 13, 24, 48, 100, 200):
+        for blocks in (1, 2, 4):
+            for main, extra in ((128.0, 512.0), (128.0, 0.0), (37.5, 300.0)):
+                ours = dec.base_num_splits(tq, blocks, main, extra, sms)
+                theirs = up._decode_num_splits(tq, blocks, main, extra, dec.BASE_BLOCK_K)
+                assert ours == theirs, (tq, blocks, main, extra, sms)
+
+
+def test_optimized_splits_fill_the_gpu_then_go_direct() -> None:
+    tiles = 640 // dec.BLOCK_N
+    for sms in (108, 82, 132):
+        slots = dec.CTAS_PER_SM * sms
+        for tq in range(1, 400, 7):
+            s = dec.num_splits(tq, 1, 640.0, sms)
+            assert 1 <= s <= min(dec.MAX_SPLITS, tiles)
+            if tq >= slots:
+                assert s == 1, (tq, sms, s)  # the batch fills every slot: direct output, no reduce
+        assert dec.num_splits(1, 1, 640.0, sms) > 1  # one query alone must be split
 
 
 def test_bad_inputs_name_the_problem() -> None:
