@@ -44,6 +44,10 @@ patches: fetch-vllm
 patches-check: fetch-vllm
 	$(PY) scripts/patches_check.py
 
+# every Triton launch of the SM8x path's driving tests, traced, cross-compiled for sm_80/86
+patches-scan: setup
+	$(PY) scripts/patches_scan.py
+
 # DeepInfer-SM80 onto an existing vLLM 0.32.0 (VLLM_SITE = its site-packages); LEVEL=base: patch 00 only
 LEVEL ?= optimized
 install-overlay:
