@@ -39,7 +39,9 @@ def check_k_cache(k_cache: torch.Tensor) -> int:
     if k_cache.dim() == 4 and shape[2] == 1:
         shape = (shape[0], shape[1], shape[3])
     if len(shape) != 3 or shape[2] != RECORD_BYTES:
-        raise ValueError(f"indexer k_cache must be [blocks, block_size, {RECORD_BYTES}], got {tuple(k_cache.shape)}")
+        raise ValueError(
+            f"indexer k_cache must be [blocks, block_size, {RECORD_BYTES}], got {tuple(k_cache.shape)}"
+        )
     if k_cache.stride(-1) != 1 or k_cache.stride(0) < shape[1] * RECORD_BYTES:
         raise ValueError(
             f"indexer k_cache pages overlap: stride(0)={k_cache.stride(0)} < {shape[1]}·{RECORD_BYTES}"

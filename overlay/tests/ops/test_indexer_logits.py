@@ -40,7 +40,15 @@ def magnitude(q8: torch.Tensor, w: torch.Tensor, k8: torch.Tensor, ks: torch.Ten
     return mag.clamp_min(1e-30)
 
 
-def check(name: str, out: torch.Tensor, ref: torch.Tensor, mag: torch.Tensor, mask: torch.Tensor, tol: float, why: str):
+def check(
+    name: str,
+    out: torch.Tensor,
+    ref: torch.Tensor,
+    mag: torch.Tensor,
+    mask: torch.Tensor,
+    tol: float,
+    why: str,
+):
     o = torch.where(mask, out.double().cpu() / mag, 0.0)
     r = torch.where(mask, ref.double().cpu() / mag, 0.0)
     assert_close(name, o, r, abs=tol, rel_in_eps=0, why=why)
@@ -64,11 +72,16 @@ def test_prefill_logits(name: str, m: int, n: int, ks0: int) -> None:
     out = lg.fp8_fp4_mqa_logits(
         (q8.to(DEV).view(torch.float8_e4m3fn), None),
         (k8.to(DEV).view(torch.float8_e4m3fn), kscale.to(DEV)[:, None]),
-        w.to(DEV), ks.to(DEV), ke.to(DEV), clean_logits=True,
-    )  # fmt: skip
+        w.to(DEV),
+        ks.to(DEV),
+        ke.to(DEV),
+        clean_logits=True,
+    )
     cols = torch.arange(n)[None, :]
     mask = (cols >= ks[:, None]) & (cols < ke[:, None])
-    assert bool((out.cpu()[~mask] == float("-inf")).all()), f"clean_logits left values outside [ks, ke) {seed_note(name)}"
+    assert bool((out.cpu()[~mask] == float("-inf")).all()), (
+        f"clean_logits left values outside [ks, ke) {seed_note(name)}"
+    )
     mag = magnitude(q8, w, k8, kscale)
     ref64 = lg.mqa_logits_ref(q8, w, k8, kscale)
     check(f"{name} vs fp64 ({seed_note(name)})", out, ref64, mag, mask, 2.0**-16, "fp32 accumulation order")
@@ -77,7 +90,9 @@ def test_prefill_logits(name: str, m: int, n: int, ks0: int) -> None:
     up = fp8_mqa_logits_torch(
         q8.view(torch.float8_e4m3fn), (k8.view(torch.float8_e4m3fn), kscale[:, None]), w, ks, ke
     )
-    check(f"{name} vs upstream ({seed_note(name)})", out, up, mag, mask, 2.0**-7, "upstream rounds q·k to bf16")
+    check(
+        f"{name} vs upstream ({seed_note(name)})", out, up, mag, mask, 2.0**-7, "upstream rounds q·k to bf16"
+    )
 
 
 def paged_case(name: str, batch: int, next_n: int, block_size: int, lens: list[int], blocks: int):
@@ -109,7 +124,9 @@ def keys_of(codes: torch.Tensor, scales: torch.Tensor, bt_row: torch.Tensor, len
 def unpadded(cache: torch.Tensor, block_size: int) -> torch.Tensor:
     """The same pages without the 576-byte padding, as upstream's paged torch ref indexes them."""
     codes, scales = state_views(cache)
-    raw = torch.cat([codes.reshape(codes.shape[0], -1), scales.view(torch.uint8).reshape(codes.shape[0], -1)], 1)
+    raw = torch.cat(
+        [codes.reshape(codes.shape[0], -1), scales.view(torch.uint8).reshape(codes.shape[0], -1)], 1
+    )
     return raw.reshape(codes.shape[0], block_size, 1, 132)
 
 
@@ -120,15 +137,31 @@ def unpadded(cache: torch.Tensor, block_size: int) -> torch.Tensor:
         ("pg-b1-n2", 1, 2, 128, [200]),  # native next_n = 2, 1-D lens: rows see 199 and 200 keys
     ],
 )
-def test_paged_logits(name: str, batch: int, next_n: int, block_size: int, lens: list[int]) -> None:
+@pytest.mark.parametrize("words", [False, True], ids=["byte-decode", "word-decode"])
+def test_paged_logits(
+    name: str,
+    batch: int,
+    next_n: int,
+    block_size: int,
+    lens: list[int],
+    words: bool,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(lg, "PAGED_WORD_DECODE", words)
     blocks = 8
-    gen, cache, codes, scales, bt, q8, w = paged_case(name, batch, next_n, block_size, lens, blocks)
+    _gen, cache, codes, scales, bt, q8, w = paged_case(name, batch, next_n, block_size, lens, blocks)
     context = torch.tensor(lens, dtype=torch.int32)
     max_len = 320
     out = lg.fp8_fp4_paged_mqa_logits(
-        (q8.to(DEV).view(torch.float8_e4m3fn), None), cache_to_dev(cache).unsqueeze(-2),
-        w.to(DEV), context.to(DEV), bt.to(DEV), None, max_len, clean_logits=False,
-    )  # fmt: skip
+        (q8.to(DEV).view(torch.float8_e4m3fn), None),
+        cache_to_dev(cache).unsqueeze(-2),
+        w.to(DEV),
+        context.to(DEV),
+        bt.to(DEV),
+        None,
+        max_len,
+        clean_logits=False,
+    )
     assert out.shape == (batch * next_n, max_len)
     rows = lg.row_lengths(context, batch, next_n)
     for r in range(batch * next_n):
@@ -137,7 +170,15 @@ def test_paged_logits(name: str, batch: int, next_n: int, block_size: int, lens:
         ref = lg.mqa_logits_ref(q8.reshape(-1, H, D)[r : r + 1], w[r : r + 1], k8, ks)
         mag = magnitude(q8.reshape(-1, H, D)[r : r + 1], w[r : r + 1], k8, ks)
         length = int(rows[r])
-        check(f"{name} row {r} ({seed_note(name)})", out[r : r + 1, :length], ref, mag, torch.ones_like(ref, dtype=torch.bool), 2.0**-16, "fp32 accumulation order")  # fmt: skip
+        check(
+            f"{name} row {r} ({seed_note(name)})",
+            out[r : r + 1, :length],
+            ref,
+            mag,
+            torch.ones_like(ref, dtype=torch.bool),
+            2.0**-16,
+            "fp32 accumulation order",
+        )
     if next_n != 1:
         return  # upstream's next_n > 1 torch path reads an interleaved record, not the planar CUDA page
     from vllm.v1.attention.ops.rocm_aiter_mla_sparse import fp8_paged_mqa_logits_torch
@@ -149,7 +190,15 @@ def test_paged_logits(name: str, batch: int, next_n: int, block_size: int, lens:
         length = int(rows[r])
         k8, ks = keys_of(codes, scales, bt[r // next_n], length)
         mag = magnitude(q8.reshape(-1, H, D)[r : r + 1], w[r : r + 1], k8, ks)
-        check(f"{name} row {r} vs upstream", out[r : r + 1, :length], up[r : r + 1, :length], mag, torch.ones_like(mag, dtype=torch.bool), 2.0**-16, "fp32 sum order")  # fmt: skip
+        check(
+            f"{name} row {r} vs upstream",
+            out[r : r + 1, :length],
+            up[r : r + 1, :length],
+            mag,
+            torch.ones_like(mag, dtype=torch.bool),
+            2.0**-16,
+            "fp32 sum order",
+        )
 
 
 def test_paged_flattened_next_n6() -> None:
@@ -158,17 +207,30 @@ def test_paged_flattened_next_n6() -> None:
     name = "pg-flat6"
     batch, next_n, block_size = 2, 6, 64
     lens = [140, 75]
-    gen, cache, codes, scales, bt, q8, w = paged_case(name, batch, next_n, block_size, lens, 8)
+    _gen, cache, _codes, _scales, bt, q8, w = paged_case(name, batch, next_n, block_size, lens, 8)
     context = torch.tensor(lens, dtype=torch.int32)
     flat_lens = lg.row_lengths(context, batch, next_n)  # [12]
     assert flat_lens.tolist() == [135, 136, 137, 138, 139, 140, 70, 71, 72, 73, 74, 75]
     flat_bt = bt.repeat_interleave(next_n, 0)
     out_flat = lg.fp8_fp4_paged_mqa_logits(
-        (q8.reshape(batch * next_n, 1, H, D).to(DEV), None), cache_to_dev(cache), w.to(DEV),
-        flat_lens[:, None].to(DEV), flat_bt.to(DEV), None, 192, clean_logits=True,
-    )  # fmt: skip
+        (q8.reshape(batch * next_n, 1, H, D).to(DEV), None),
+        cache_to_dev(cache),
+        w.to(DEV),
+        flat_lens[:, None].to(DEV),
+        flat_bt.to(DEV),
+        None,
+        192,
+        clean_logits=True,
+    )
     out_native = lg.fp8_fp4_paged_mqa_logits(
-        (q8.to(DEV), None), cache_to_dev(cache), w.to(DEV), context.to(DEV), bt.to(DEV), None, 192, clean_logits=True
+        (q8.to(DEV), None),
+        cache_to_dev(cache),
+        w.to(DEV),
+        context.to(DEV),
+        bt.to(DEV),
+        None,
+        192,
+        clean_logits=True,
     )
     assert torch.equal(out_flat.cpu(), out_native.cpu()), seed_note(name)
     for r in range(batch * next_n):
@@ -182,7 +244,11 @@ def test_nan_codes_decode_to_480() -> None:
     k8 = torch.full((1, D), 0x7F, dtype=torch.uint8)
     w = torch.full((1, H), 1.0)
     out = lg.fp8_fp4_mqa_logits(
-        (q8.to(DEV), None), (k8.to(DEV), torch.ones(1, device=DEV)), w.to(DEV),
-        torch.zeros(1, dtype=torch.int32, device=DEV), torch.ones(1, dtype=torch.int32, device=DEV), False,
-    )  # fmt: skip
+        (q8.to(DEV), None),
+        (k8.to(DEV), torch.ones(1, device=DEV)),
+        w.to(DEV),
+        torch.zeros(1, dtype=torch.int32, device=DEV),
+        torch.ones(1, dtype=torch.int32, device=DEV),
+        False,
+    )
     assert float(out[0, 0]) == 480.0 * D * H

@@ -19,8 +19,10 @@ DEV = test_device()
 
 
 def spread_bf16(shape: tuple[int, ...], gen: torch.Generator, *, lo: int = -20, hi: int = 20) -> torch.Tensor:
-    """bf16 values over 2^lo..2^hi per row of the last dim, with zero rows, tiny rows and exact 7·2^j maxima."""
-    x = torch.randn(shape, generator=gen) * torch.exp2(torch.randint(lo, hi, (*shape[:-1], 1), generator=gen).float())
+    """bf16 values over 2^lo..2^hi per row of the last dim; zero rows, tiny rows, exact 7·2^j maxima."""
+    x = torch.randn(shape, generator=gen) * torch.exp2(
+        torch.randint(lo, hi, (*shape[:-1], 1), generator=gen).float()
+    )
     kind = torch.randint(0, 12, (*shape[:-1], 1), generator=gen)
     x = torch.where(kind == 0, torch.zeros_like(x), x)  # amax floor 1e-4
     x = torch.where(kind == 1, x * 1e-7, x)  # below the floor
@@ -66,7 +68,9 @@ def test_q_quant_strided_input() -> None:
     cs = cos_sin(8, gen)
     w = torch.randn(4, 32, generator=gen).bfloat16()
     ref_q8, ref_w = q_quant.fused_indexer_q_rope_quant_ref(positions, q, cs, w, 0.5, 0.25)
-    q8, w_out = q_quant.fused_indexer_q_rope_quant(positions.to(DEV), q.to(DEV), cs.to(DEV), w.to(DEV), 0.5, 0.25)
+    q8, w_out = q_quant.fused_indexer_q_rope_quant(
+        positions.to(DEV), q.to(DEV), cs.to(DEV), w.to(DEV), 0.5, 0.25
+    )
     assert_bitwise_equal(name, q8.view(torch.uint8).cpu(), ref_q8)
     assert_bitwise_equal(name + " w", w_out.cpu(), ref_w)
 
@@ -74,9 +78,14 @@ def test_q_quant_strided_input() -> None:
 def test_q_quant_rejects_fp4() -> None:
     with pytest.raises(NotImplementedError, match="MXFP4"):
         q_quant.fused_indexer_q_rope_quant(
-            torch.zeros(1, dtype=torch.long), torch.zeros(1, 32, 128).bfloat16(), torch.zeros(1, 64),
-            torch.zeros(1, 32), 1.0, 1.0, use_fp4=True,
-        )  # fmt: skip
+            torch.zeros(1, dtype=torch.long),
+            torch.zeros(1, 32, 128).bfloat16(),
+            torch.zeros(1, 64),
+            torch.zeros(1, 32),
+            1.0,
+            1.0,
+            use_fp4=True,
+        )
 
 
 K_CASES = [
@@ -88,7 +97,9 @@ K_CASES = [
 
 
 @pytest.mark.parametrize(("name", "tokens", "block_size", "num_blocks", "ratio", "skipped"), K_CASES)
-def test_k_store_bitwise(name: str, tokens: int, block_size: int, num_blocks: int, ratio: int, skipped: int) -> None:
+def test_k_store_bitwise(
+    name: str, tokens: int, block_size: int, num_blocks: int, ratio: int, skipped: int
+) -> None:
     gen = generator(name)
     k_pre = spread_bf16((tokens + 3, 128), gen, lo=-6, hi=6)  # 3 rows past the slots (DP padding)
     positions = torch.randint(0, 200, (tokens + 3,), generator=gen)
@@ -108,7 +119,7 @@ def test_k_store_bitwise(name: str, tokens: int, block_size: int, num_blocks: in
     assert_bitwise_equal(f"{name} pages ({seed_note(name)})", raw_out, raw_ref)
     written = int(((slots >= 0) & ((positions[:tokens] + 1) % ratio == 0)).sum())
     assert written > 0, "the case must write something"
-    codes, scales = state_views(ref)
+    _codes, scales = state_views(ref)
     assert int(torch.isfinite(scales).sum()) == written  # unwritten states keep the 0xFF poison (NaN)
 
 

@@ -52,12 +52,26 @@ def assert_same_sets(name: str, out: torch.Tensor, ref: torch.Tensor) -> None:
     assert torch.equal((out.cpu() < 0).sum(1), (ref.cpu() < 0).sum(1)), f"{name}: -1 counts differ"
 
 
+@pytest.fixture(params=["int64", "fp32"])
+def select(request: pytest.FixtureRequest) -> str:
+    """Both chunk-merge modes of the prefill path (stream.PREFILL_SELECT)."""
+    return request.param
+
+
 def run_prefill(q8, w, k8, kscale, ks, ke, **kw) -> torch.Tensor:
     out = torch.full((q8.shape[0], K), -7, dtype=torch.int32, device=DEV)  # poison
     stream.indexer_topk_prefill(
-        q8.to(DEV), w.to(DEV), k8.to(DEV), kscale.to(DEV), ks.to(DEV), ke.to(DEV), out,
-        workspace_bytes=TINY_WS, chunk_max=stream.SPAN, **kw,
-    )  # fmt: skip
+        q8.to(DEV),
+        w.to(DEV),
+        k8.to(DEV),
+        kscale.to(DEV),
+        ks.to(DEV),
+        ke.to(DEV),
+        out,
+        workspace_bytes=TINY_WS,
+        chunk_max=stream.SPAN,
+        **kw,
+    )
     return out
 
 
@@ -69,9 +83,9 @@ CASES = [
 
 
 @pytest.mark.parametrize(("name", "m", "n", "spans"), CASES)
-def test_prefill_topk_sets(name: str, m: int, n: int, spans: list[tuple[int, int]]) -> None:
+def test_prefill_topk_sets(name: str, m: int, n: int, spans: list[tuple[int, int]], select: str) -> None:
     _, q8, k8, kscale, w, ks, ke = prefill_inputs(name, m, n, spans)
-    out = run_prefill(q8, w, k8, kscale, ks, ke)
+    out = run_prefill(q8, w, k8, kscale, ks, ke, select=select)
     ref64 = lg.mqa_logits_ref(q8, w, k8, kscale)
     scores, valid = sel.local_view(ref64.float(), ks, ke)
     assert_same_sets(name, out, sel.topk_ref(scores, valid, K))
@@ -83,7 +97,7 @@ def test_prefill_topk_sets(name: str, m: int, n: int, spans: list[tuple[int, int
     assert bool((picked[:, 1:] <= picked[:, :-1] + tol)[pairs].all()), seed_note(name)
 
 
-def test_prefill_ties_lowest_index_and_nan() -> None:
+def test_prefill_ties_lowest_index_and_nan(select: str) -> None:
     """All-equal keys (every score ties): the lowest 512 columns win. NaN scores rank first."""
     name = "tk-ties"
     gen = generator(name)
@@ -95,18 +109,18 @@ def test_prefill_ties_lowest_index_and_nan() -> None:
     w = torch.randn(m, H, generator=gen) * 2.0**-6
     ks = torch.zeros(m, dtype=torch.int32)
     ke = torch.full((m,), n, dtype=torch.int32)
-    out = run_prefill(q8, w, k8, kscale, ks, ke).cpu()
+    out = run_prefill(q8, w, k8, kscale, ks, ke, select=select).cpu()
     for r in range(m):
         assert out[r, :2].tolist() == [900, 1000], f"NaN columns first, lowest first: {out[r, :4].tolist()}"
         assert out[r, 2:].tolist() == list(range(510)), "ties must resolve to the lowest columns, in order"
 
 
-def test_prefill_candidate_write_matches_reference() -> None:
+def test_prefill_candidate_write_matches_reference(select: str) -> None:
     """Layer 20: its block list (NaN-propagating max, newest block pinned) and its own top-k."""
     name = "tk-cand-write"
     _, q8, k8, kscale, w, ks, ke = prefill_inputs(name, 6, 1700, [(3, 1700)])
     cand = torch.full((6, 64), -5, dtype=torch.int32, device=DEV)
-    out = run_prefill(q8, w, k8, kscale, ks, ke, candidate_blocks=cand, candidate_write=True)
+    out = run_prefill(q8, w, k8, kscale, ks, ke, candidate_blocks=cand, candidate_write=True, select=select)
     ref64 = lg.mqa_logits_ref(q8, w, k8, kscale).float()
     scores, valid = sel.local_view(ref64, ks, ke)
     assert_same_sets(name, out, sel.topk_ref(scores, valid, K))
@@ -165,7 +179,11 @@ def decode_ref(q8, w, c, s, bt, lens_rows, next_n):
     ("name", "batch", "next_n", "lens"),
     [("dk-b3", 3, 1, [1300, 200, 1000]), ("dk-flat6", 1, 6, [1100])],  # page crossings; DSpark 1+5 rows
 )
-def test_decode_topk_sets(name: str, batch: int, next_n: int, lens: list[int]) -> None:
+@pytest.mark.parametrize("words", [False, True], ids=["byte-decode", "word-decode"])
+def test_decode_topk_sets(
+    name: str, batch: int, next_n: int, lens: list[int], words: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(lg, "PAGED_WORD_DECODE", words)
     gen, cache, c, s, bt = paged_inputs(name, batch, lens)
     q8 = codes((batch, next_n, H, D), gen)
     w = torch.randn(batch * next_n, H, generator=gen) * 2.0**-6
@@ -192,17 +210,32 @@ def test_decode_candidates_write_and_read() -> None:
     out = torch.full((2, K), -7, dtype=torch.int32, device=DEV)
     ws = 2 * stream.workspace_per_row(stream.SPAN, K, 128, 8)
     stream.indexer_topk_decode(
-        q8.to(DEV), w.to(DEV), dev_cache, context.to(DEV), bt.to(DEV), 1536, out,
-        candidate_blocks=cand, candidate_write=True, workspace_bytes=ws,
-    )  # fmt: skip
+        q8.to(DEV),
+        w.to(DEV),
+        dev_cache,
+        context.to(DEV),
+        bt.to(DEV),
+        1536,
+        out,
+        candidate_blocks=cand,
+        candidate_write=True,
+        workspace_bytes=ws,
+    )
     zeros = torch.zeros(2, dtype=torch.int32)
     full = torch.where(valid, scores, float("-inf"))
     assert_same_sets(name + " blocks", cand, sel.select_candidate_blocks_ref(full, zeros, context, 128, 8))
     out2 = torch.full((2, K), -7, dtype=torch.int32, device=DEV)
     stream.indexer_topk_decode(
-        q8.to(DEV), w.to(DEV), dev_cache, context.to(DEV), bt.to(DEV), 1536, out2,
-        candidate_blocks=cand, candidate_write=False,
-    )  # fmt: skip
+        q8.to(DEV),
+        w.to(DEV),
+        dev_cache,
+        context.to(DEV),
+        bt.to(DEV),
+        1536,
+        out2,
+        candidate_blocks=cand,
+        candidate_write=False,
+    )
     masked = valid & sel.candidate_valid_ref(zeros, context, cand.cpu(), 8, scores.shape[1])
     assert_same_sets(name + " candidate-only", out2, sel.topk_ref(scores, masked, K))
 
@@ -211,8 +244,9 @@ def test_workspace_bound_is_independent_of_context() -> None:
     for ctx in (1 << 16, 1 << 18, 1 << 20, 1 << 22):
         assert stream.decode_workspace_bytes(48, ctx, K) <= stream.WORKSPACE_BYTES
         for kb in (0, 2048):
-            r, c = stream.plan(8192, ctx, K, kb, 8, stream.WORKSPACE_BYTES, per_row=stream.prefill_row_bytes)
-            assert r * stream.prefill_row_bytes(c, K, kb, 8) <= stream.WORKSPACE_BYTES
+            for per_row in (stream.prefill_row_bytes, stream.workspace_per_row):  # select fp32 / int64
+                r, c = stream.plan(8192, ctx, K, kb, 8, stream.WORKSPACE_BYTES, per_row=per_row)
+                assert r * per_row(c, K, kb, 8) <= stream.WORKSPACE_BYTES
         r, c = stream.plan(8192, 16384, K, 0, 8, stream.WORKSPACE_BYTES, 1, 16384)  # candidate-only
         assert r * stream.workspace_per_row(c, K, 0, 8) <= stream.WORKSPACE_BYTES
 
@@ -220,7 +254,7 @@ def test_workspace_bound_is_independent_of_context() -> None:
 @requires_cuda
 def test_decode_is_graph_capturable() -> None:
     name = "dk-graph"
-    gen, cache, c, s, bt = paged_inputs(name, 2, [1200, 700])
+    gen, cache, _c, _s, bt = paged_inputs(name, 2, [1200, 700])
     q8 = codes((2, 1, H, D), gen).cuda()
     w = (torch.randn(2, H, generator=gen) * 2.0**-6).cuda()
     context = torch.tensor([1200, 700], dtype=torch.int32, device="cuda")

@@ -15,7 +15,14 @@ import torch
 import triton
 import triton.language as tl
 
-from deepinfer_sm80.formats.indexer_k import AMAX_FLOOR, CODE_BYTES, INDEX_DIM, ROPE_DIM, check_k_cache, state_views
+from deepinfer_sm80.formats.indexer_k import (
+    AMAX_FLOOR,
+    CODE_BYTES,
+    INDEX_DIM,
+    ROPE_DIM,
+    check_k_cache,
+    state_views,
+)
 from deepinfer_sm80.ops.fp8 import E4M3_MAX, e4m3_encode_ref, f32_to_e4m3
 from deepinfer_sm80.ops.indexer.q_quant import exp2_int, pow2_ceil_exponent, rope_gptj_ref, round_to_bf16
 from deepinfer_sm80.registry import CompileSpec
@@ -143,8 +150,15 @@ def indexer_k_norm_rope_store(
     """
     if use_fp4_cache:
         raise NotImplementedError("the MXFP4 indexer K cache is SM100-only; SM80 writes the FP8 record")
-    if k_pre.dim() != 2 or k_pre.shape[1] != INDEX_DIM or k_pre.dtype != torch.bfloat16 or k_pre.stride(1) != 1:
-        raise ValueError(f"k_pre must be [T, {INDEX_DIM}] bf16 with unit last stride, got {tuple(k_pre.shape)}")
+    if (
+        k_pre.dim() != 2
+        or k_pre.shape[1] != INDEX_DIM
+        or k_pre.dtype != torch.bfloat16
+        or k_pre.stride(1) != 1
+    ):
+        raise ValueError(
+            f"k_pre must be [T, {INDEX_DIM}] bf16 with unit last stride, got {tuple(k_pre.shape)}"
+        )
     if compress_ratio not in (1, 2):
         raise ValueError(f"compress_ratio must be 1 or 2, got {compress_ratio}")
     t = kv_slot_mapping.numel()

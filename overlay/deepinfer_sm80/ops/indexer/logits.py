@@ -31,7 +31,8 @@ def mqa_logits_ref(
 
 
 def row_lengths(context_lens: torch.Tensor, batch: int, next_n: int) -> torch.Tensor:
-    """Visible keys per flattened decode row [B·next_n]: ctx − next_n + 1 + i for 1-D lens, else lens[b, i]."""
+    """Visible keys per flattened decode row [B·next_n]: ctx − next_n + 1 + i for 1-D lens, else
+    lens[b, i]."""
     if context_lens.dim() == 2 and context_lens.shape[1] == next_n:
         return context_lens.reshape(-1).to(torch.int32)
     lens = context_lens.reshape(-1)[:batch].to(torch.int32)
@@ -92,6 +93,20 @@ def row_logits_words(q0, q1, q2, q3, w, key_ptrs, D: tl.constexpr, mask):
     s = tl.dot(q2, k2, s, out_dtype=tl.float32)
     s = tl.dot(q3, k3, s, out_dtype=tl.float32)
     return tl.sum(tl.maximum(s, 0.0) * w[:, None], axis=0)
+
+
+@triton.jit
+def row_logits_bytes(q, w, key_ptrs, D: tl.constexpr):
+    """The same sum with one [HEADS, D] x [D, BLOCK_N] MMA, K decoded a code at a time (16-byte loads)."""
+    kt = tl.load(key_ptrs[None, :] + tl.arange(0, D)[:, None])  # [D, BLOCK_N]
+    s = tl.dot(q, e4m3_to_f16_scaled(kt), out_dtype=tl.float32)
+    return tl.sum(tl.maximum(s, 0.0) * w[:, None], axis=0)
+
+
+# Paged K decode: one code at a time from 16-byte loads (False), or two codes per 32-bit op from
+# 4-byte loads (True). H200 (torch 2.11 / triton 3.6): 3.7 ms vs 5.0 ms at 48 rows x 1M keys, so the
+# bytes form is the default; docs/INDEXER.md has both runs.
+PAGED_WORD_DECODE = False
 
 
 # ----------------------------------------------------------------------------- prefill (dense)
@@ -195,11 +210,24 @@ def fp8_fp4_mqa_logits(
     if m and n:
         span = PREFILL_BLOCK_N * PREFILL_TILES
         _prefill_logits_kernel[(triton.cdiv(m, PREFILL_BLOCK_M), triton.cdiv(n, span))](
-            q8, weights, weights.stride(0), k8, kscale.contiguous(), cu_seqlen_ks, cu_seqlen_ke,
-            out, out.stride(0), m, n,
-            HEADS=heads, D=INDEX_DIM, BLOCK_M=PREFILL_BLOCK_M, BLOCK_N=PREFILL_BLOCK_N,
-            TILES=PREFILL_TILES, num_warps=PREFILL_WARPS,
-        )  # fmt: skip
+            q8,
+            weights,
+            weights.stride(0),
+            k8,
+            kscale.contiguous(),
+            cu_seqlen_ks,
+            cu_seqlen_ke,
+            out,
+            out.stride(0),
+            m,
+            n,
+            HEADS=heads,
+            D=INDEX_DIM,
+            BLOCK_M=PREFILL_BLOCK_M,
+            BLOCK_N=PREFILL_BLOCK_N,
+            TILES=PREFILL_TILES,
+            num_warps=PREFILL_WARPS,
+        )
     if clean_logits:
         cols = torch.arange(n, device=out.device)[None, :]
         out.masked_fill_((cols < cu_seqlen_ks[:, None]) | (cols >= cu_seqlen_ke[:, None]), float("-inf"))
@@ -227,6 +255,7 @@ def _paged_logits_kernel(
     HAS_REQ: tl.constexpr,
     BLOCK_N: tl.constexpr,
     TILES: tl.constexpr,
+    WORDS: tl.constexpr,
 ):
     """One row, TILES tiles of BLOCK_N keys; a tile never crosses a page (block_size % BLOCK_N == 0)."""
     row = tl.program_id(0)
@@ -239,7 +268,9 @@ def _paged_logits_kernel(
     else:
         req = row // NEXT_N
     h = tl.arange(0, HEADS)
-    q0, q1, q2, q3 = load_q_quads(q_ptr + row.to(tl.int64) * HEADS * D, HEADS, D)
+    q_row = q_ptr + row.to(tl.int64) * HEADS * D
+    q0, q1, q2, q3 = load_q_quads(q_row, HEADS, D)
+    q = e4m3_to_f16_scaled(tl.load(q_row + h[:, None] * D + tl.arange(0, D)[None, :]))
     w = tl.load(w_ptr + row.to(tl.int64) * w_stride + h)
     for t in range(TILES):
         n0 = span_lo + t * BLOCK_N
@@ -247,7 +278,10 @@ def _paged_logits_kernel(
             blk = tl.load(bt_ptr + req.to(tl.int64) * bt_stride + n0 // block_size)
             page = cache_ptr + blk.to(tl.int64) * page_stride
             off = n0 % block_size + tl.arange(0, BLOCK_N)
-            logit = row_logits_words(q0, q1, q2, q3, w, page + off * D, D, off >= 0)
+            if WORDS:
+                logit = row_logits_words(q0, q1, q2, q3, w, page + off * D, D, off >= 0)
+            else:
+                logit = row_logits_bytes(q, w, page + off * D, D)
             kscale = tl.load((page + block_size * D + off * 4).to(tl.pointer_type(tl.float32))) * _UNDO
             n = n0 + tl.arange(0, BLOCK_N)
             tl.store(out_ptr + row.to(tl.int64) * out_stride + n, logit * kscale, mask=n < length)
@@ -351,12 +385,27 @@ def launch_paged_logits(
     tiles = decode_tiles(rows, width, q8.device)
     span = DECODE_BLOCK_N * tiles
     _paged_logits_kernel[(rows, triton.cdiv(width, span))](
-        q8, weights, weights.stride(0), kv_cache, kv_cache.stride(0), block_size,
-        block_tables, block_tables.stride(0), lens, req if req is not None else lens,
-        out, out.stride(0),
-        HEADS=heads, D=INDEX_DIM, NEXT_N=next_n, HAS_REQ=req is not None,
-        BLOCK_N=DECODE_BLOCK_N, TILES=tiles, num_warps=DECODE_WARPS,
-    )  # fmt: skip
+        q8,
+        weights,
+        weights.stride(0),
+        kv_cache,
+        kv_cache.stride(0),
+        block_size,
+        block_tables,
+        block_tables.stride(0),
+        lens,
+        req if req is not None else lens,
+        out,
+        out.stride(0),
+        HEADS=heads,
+        D=INDEX_DIM,
+        NEXT_N=next_n,
+        HAS_REQ=req is not None,
+        BLOCK_N=DECODE_BLOCK_N,
+        TILES=tiles,
+        WORDS=PAGED_WORD_DECODE,
+        num_warps=DECODE_WARPS,
+    )
 
 
 _PREFILL_SIG = {
@@ -396,22 +445,40 @@ _PAGED_SIG = {
     "HAS_REQ": "constexpr",
     "BLOCK_N": "constexpr",
     "TILES": "constexpr",
+    "WORDS": "constexpr",
 }
 COMPILE_SPECS = (
     CompileSpec(
         "indexer.logits.prefill",
         _prefill_logits_kernel,
         _PREFILL_SIG,
-        {"HEADS": 32, "D": INDEX_DIM, "BLOCK_M": PREFILL_BLOCK_M, "BLOCK_N": PREFILL_BLOCK_N, "TILES": PREFILL_TILES},
+        {
+            "HEADS": 32,
+            "D": INDEX_DIM,
+            "BLOCK_M": PREFILL_BLOCK_M,
+            "BLOCK_N": PREFILL_BLOCK_N,
+            "TILES": PREFILL_TILES,
+        },
         num_warps=PREFILL_WARPS,
         divisible_by_16=("q_ptr", "w_ptr", "k_ptr", "ks_ptr", "out_ptr", "out_stride"),
     ),
-    CompileSpec(
-        "indexer.logits.paged",
-        _paged_logits_kernel,
-        _PAGED_SIG,
-        {"HEADS": 32, "D": INDEX_DIM, "NEXT_N": 1, "HAS_REQ": False, "BLOCK_N": DECODE_BLOCK_N, "TILES": DECODE_TILES},
-        num_warps=DECODE_WARPS,
-        divisible_by_16=("q_ptr", "w_ptr", "cache_ptr", "page_stride", "block_size", "bt_ptr", "out_ptr"),
+    *(
+        CompileSpec(
+            f"indexer.logits.paged{'.words' if words else ''}",
+            _paged_logits_kernel,
+            _PAGED_SIG,
+            {
+                "HEADS": 32,
+                "D": INDEX_DIM,
+                "NEXT_N": 1,
+                "HAS_REQ": False,
+                "BLOCK_N": DECODE_BLOCK_N,
+                "TILES": DECODE_TILES,
+                "WORDS": words,
+            },
+            num_warps=DECODE_WARPS,
+            divisible_by_16=("q_ptr", "w_ptr", "cache_ptr", "page_stride", "block_size", "bt_ptr", "out_ptr"),
+        )
+        for words in (False, True)
     ),
 )

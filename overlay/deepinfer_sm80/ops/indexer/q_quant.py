@@ -1,4 +1,5 @@
-"""`fused_indexer_q_rope_quant` (FP8 path) for SM80: GPT-J RoPE on dims 64..127, per-head e4m3 Q, folded weights.
+"""`fused_indexer_q_rope_quant` (FP8 path) for SM80: GPT-J RoPE on dims 64..127, per-head e4m3 Q,
+folded weights.
 
 Upstream's Triton kernel stores with `.to(tl.float8e4nv)` (sm_89+) and its default path is a CuTeDSL
 kernel that needs `cvt.e4m3x2.f32` (sm_89+). This port keeps upstream's arithmetic in the same order
@@ -162,14 +163,18 @@ def fused_indexer_q_rope_quant(
     if weights_out_dtype != torch.float32:
         raise ValueError(f"the FP8 indexer path takes fp32 weights, got {weights_out_dtype}")
     if index_q.dim() != 3 or index_q.shape[2] != INDEX_DIM or index_q.stride(2) != 1:
-        raise ValueError(f"index_q must be [T, H, {INDEX_DIM}] with unit last stride, got {tuple(index_q.shape)}")
+        raise ValueError(
+            f"index_q must be [T, H, {INDEX_DIM}] with unit last stride, got {tuple(index_q.shape)}"
+        )
     t, heads, _ = index_q.shape
     if heads & (heads - 1):
         raise ValueError(f"the number of indexer heads must be a power of two, got {heads}")
     if positions.dim() != 1 or positions.shape[0] != t:
         raise ValueError(f"positions must be [{t}], got {tuple(positions.shape)}")
     if index_q_cos_sin_cache.dim() != 2 or index_q_cos_sin_cache.shape[1] != ROPE_DIM:
-        raise ValueError(f"cos_sin_cache must be [max_pos, {ROPE_DIM}], got {tuple(index_q_cos_sin_cache.shape)}")
+        raise ValueError(
+            f"cos_sin_cache must be [max_pos, {ROPE_DIM}], got {tuple(index_q_cos_sin_cache.shape)}"
+        )
     if index_weights.shape != (t, heads) or index_weights.stride(1) != 1:
         raise ValueError(f"index_weights must be [{t}, {heads}] with unit last stride")
     q8 = torch.empty((t, heads, INDEX_DIM), dtype=torch.float8_e4m3fn, device=index_q.device)
@@ -234,4 +239,3 @@ COMPILE_SPECS = (
         divisible_by_16=_ALIGNED,
     ),
 )
-

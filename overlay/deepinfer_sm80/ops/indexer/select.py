@@ -39,7 +39,9 @@ def topk_ref(scores: torch.Tensor, valid: torch.Tensor, k: int) -> torch.Tensor:
     """int32 [R, k]: columns of the k best valid scores per row in selection order, -1 padded."""
     keys = score_keys(scores, valid)
     if keys.shape[1] < k:
-        pad = torch.full((keys.shape[0], k - keys.shape[1]), INVALID_KEY, dtype=torch.int64, device=keys.device)
+        pad = torch.full(
+            (keys.shape[0], k - keys.shape[1]), INVALID_KEY, dtype=torch.int64, device=keys.device
+        )
         keys = torch.cat([keys, pad], 1)
     top = keys.topk(k, dim=1).values  # sorted descending, keys are unique
     return keys_to_columns(top)

@@ -18,12 +18,14 @@ import triton
 import triton.language as tl
 
 from deepinfer_sm80.formats.indexer_k import CANDIDATE_BLOCKS, CODE_BYTES, INDEX_DIM, check_k_cache
+from deepinfer_sm80.ops.indexer import logits as lg_mod
 from deepinfer_sm80.ops.indexer.logits import (
     _as_u8,
     decode_rows,
     decode_tiles,
     e4m3_to_f16_scaled,
     load_q_quads,
+    row_logits_bytes,
     row_logits_words,
 )
 from deepinfer_sm80.ops.indexer.select import INVALID_KEY, keys_to_columns, ordered_int32
@@ -54,9 +56,19 @@ def _max_nan(a, b):
 
 @triton.jit
 def _store_block_keys(
-    blk_ptr, blk_stride, r, r_ok, logit, valid, j0, length, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BS: tl.constexpr, AS_VALUES: tl.constexpr,
-):  # fmt: skip
+    blk_ptr,
+    blk_stride,
+    r,
+    r_ok,
+    logit,
+    valid,
+    j0,
+    length,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BS: tl.constexpr,
+    AS_VALUES: tl.constexpr,
+):
     """Layer 20's block scores of one [BLOCK_M, BLOCK_N] tile starting at row-local column j0 (a multiple
     of BS): int64 keys, or (AS_VALUES) fp32 scores with -inf for blocks without a valid column."""
     nb: tl.constexpr = BLOCK_N // BS
@@ -68,7 +80,9 @@ def _store_block_keys(
     bvalid = (b[None, :] * BS) < length[:, None]
     ptrs = blk_ptr + r.to(tl.int64)[:, None] * blk_stride + b[None, :]
     if AS_VALUES:
-        tl.store(ptrs.to(tl.pointer_type(tl.float32)), tl.where(bvalid, bmax, float("-inf")), mask=r_ok[:, None])
+        tl.store(
+            ptrs.to(tl.pointer_type(tl.float32)), tl.where(bvalid, bmax, float("-inf")), mask=r_ok[:, None]
+        )
     else:
         tl.store(ptrs, score_key(bmax, b[None, :], bvalid), mask=r_ok[:, None])
 
@@ -86,9 +100,9 @@ def _prefill_keys_kernel(
     row0,
     nrows,
     c0,  # first row-local column of this chunk
-    keys_ptr,  # fp32 [R, KEEP + C]: this chunk's scores go at KEEP + (j - c0)
+    keys_ptr,  # [R, KEEP + C] int64 keys (or fp32 scores, AS_VALUES): chunk column j at KEEP + (j - c0)
     keys_stride,
-    blk_ptr,  # fp32 [R, KEEP_BLOCKS + C / BS] (WRITE_BLOCKS)
+    blk_ptr,  # [R, KEEP_BLOCKS + C / BS], same dtype (WRITE_BLOCKS)
     blk_stride,
     HEADS: tl.constexpr,
     D: tl.constexpr,
@@ -99,6 +113,7 @@ def _prefill_keys_kernel(
     KEEP_BLOCKS: tl.constexpr,
     BS: tl.constexpr,
     WRITE_BLOCKS: tl.constexpr,
+    AS_VALUES: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     r = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -113,7 +128,9 @@ def _prefill_keys_kernel(
     qh = (row0 + pid_m * BLOCK_M) * HEADS + tl.arange(0, BLOCK_M * HEADS)
     qh_ok = tl.arange(0, BLOCK_M * HEADS) < (nrows - pid_m * BLOCK_M) * HEADS
     d = tl.arange(0, D)
-    q = e4m3_to_f16_scaled(tl.load(q_ptr + qh.to(tl.int64)[:, None] * D + d[None, :], mask=qh_ok[:, None], other=0))
+    q = e4m3_to_f16_scaled(
+        tl.load(q_ptr + qh.to(tl.int64)[:, None] * D + d[None, :], mask=qh_ok[:, None], other=0)
+    )
     w = tl.load(w_ptr + (qh // HEADS).to(tl.int64) * w_stride + qh % HEADS, mask=qh_ok, other=0.0)
     h = tl.arange(0, HEADS)
     mi = tl.arange(0, BLOCK_M)
@@ -124,7 +141,9 @@ def _prefill_keys_kernel(
         if c0 + j0 < maxlen:
             if uniform:
                 n = ks_first + j
-                kt = tl.load(k_ptr + n.to(tl.int64)[None, :] * D + d[:, None], mask=(j < maxlen)[None, :], other=0)
+                kt = tl.load(
+                    k_ptr + n.to(tl.int64)[None, :] * D + d[:, None], mask=(j < maxlen)[None, :], other=0
+                )
                 s = tl.dot(q, e4m3_to_f16_scaled(kt), out_dtype=tl.float32)
                 s = tl.maximum(s, 0.0) * w[:, None]
                 logit = tl.sum(tl.reshape(s, (BLOCK_M, HEADS, BLOCK_N)), axis=1)
@@ -136,7 +155,9 @@ def _prefill_keys_kernel(
                     ks_m = tl.sum(tl.where(mi == m, ks, 0), axis=0)
                     len_m = tl.sum(tl.where(mi == m, length, 0), axis=0)
                     n = ks_m + j
-                    kt = tl.load(k_ptr + n.to(tl.int64)[None, :] * D + d[:, None], mask=(j < len_m)[None, :], other=0)
+                    kt = tl.load(
+                        k_ptr + n.to(tl.int64)[None, :] * D + d[:, None], mask=(j < len_m)[None, :], other=0
+                    )
                     qm_row = (row0 + pid_m * BLOCK_M + m).to(tl.int64)
                     m_ok = pid_m * BLOCK_M + m < nrows
                     qm = tl.load(q_ptr + (qm_row * HEADS + h[:, None]) * D + d[None, :], mask=m_ok, other=0)
@@ -147,14 +168,26 @@ def _prefill_keys_kernel(
                     logit = tl.where(mi[:, None] == m, lm[None, :], logit)
         else:
             logit = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        # fp32 scores, -inf where not valid: the host pre-selects with an fp32 top-k (see _select)
         ptrs = keys_ptr + r.to(tl.int64)[:, None] * keys_stride + KEEP + j0 + tl.arange(0, BLOCK_N)[None, :]
-        tl.store(ptrs, tl.where(valid, logit, float("-inf")), mask=r_ok[:, None])
+        if AS_VALUES:  # fp32 scores, -inf where not valid: the host pre-selects with an fp32 top-k
+            tl.store(ptrs, tl.where(valid, logit, float("-inf")), mask=r_ok[:, None])
+        else:  # int64 selection keys, INVALID where not valid
+            tl.store(ptrs, score_key(logit, j[None, :], valid), mask=r_ok[:, None])
         if WRITE_BLOCKS:
             _store_block_keys(
-                blk_ptr + KEEP_BLOCKS - c0 // BS, blk_stride, r, r_ok, logit, valid, c0 + j0, length,
-                BLOCK_M, BLOCK_N, BS, True,
-            )  # fmt: skip
+                blk_ptr + KEEP_BLOCKS - c0 // BS,
+                blk_stride,
+                r,
+                r_ok,
+                logit,
+                valid,
+                c0 + j0,
+                length,
+                BLOCK_M,
+                BLOCK_N,
+                BS,
+                AS_VALUES,
+            )
 
 
 # ----------------------------------------------------------------------------- decode chunk (paged)
@@ -185,6 +218,7 @@ def _paged_keys_kernel(
     KEEP_BLOCKS: tl.constexpr,
     BS: tl.constexpr,
     WRITE_BLOCKS: tl.constexpr,
+    WORDS: tl.constexpr,
 ):
     row = tl.program_id(0)
     length = tl.load(len_ptr + row)
@@ -193,7 +227,9 @@ def _paged_keys_kernel(
     else:
         req = row // NEXT_N
     h = tl.arange(0, HEADS)
-    q0, q1, q2, q3 = load_q_quads(q_ptr + row.to(tl.int64) * HEADS * D, HEADS, D)
+    q_row = q_ptr + row.to(tl.int64) * HEADS * D
+    q0, q1, q2, q3 = load_q_quads(q_row, HEADS, D)
+    q = e4m3_to_f16_scaled(tl.load(q_row + h[:, None] * D + tl.arange(0, D)[None, :]))
     w = tl.load(w_ptr + row.to(tl.int64) * w_stride + h)
     one = tl.arange(0, 1)
     for t in range(TILES):
@@ -204,8 +240,13 @@ def _paged_keys_kernel(
             blk = tl.load(bt_ptr + req.to(tl.int64) * bt_stride + (c0 + j0) // block_size)
             page = cache_ptr + blk.to(tl.int64) * page_stride
             off = (c0 + j0) % block_size + tl.arange(0, BLOCK_N)
-            logit = row_logits_words(q0, q1, q2, q3, w, page + off * D, D, off >= 0)
-            logit = logit * (tl.load((page + block_size * D + off * 4).to(tl.pointer_type(tl.float32))) * _UNDO)
+            if WORDS:
+                logit = row_logits_words(q0, q1, q2, q3, w, page + off * D, D, off >= 0)
+            else:
+                logit = row_logits_bytes(q, w, page + off * D, D)
+            logit = logit * (
+                tl.load((page + block_size * D + off * 4).to(tl.pointer_type(tl.float32))) * _UNDO
+            )
             keys = score_key(logit, j, valid)
         else:
             logit = tl.zeros((BLOCK_N,), dtype=tl.float32)
@@ -213,9 +254,19 @@ def _paged_keys_kernel(
         tl.store(keys_ptr + row.to(tl.int64) * keys_stride + KEEP + j0 + tl.arange(0, BLOCK_N), keys)
         if WRITE_BLOCKS:
             _store_block_keys(
-                blk_ptr + KEEP_BLOCKS - c0 // BS, blk_stride, row + one, one == 0, logit[None, :], valid[None, :],
-                c0 + j0, length + one * 0, 1, BLOCK_N, BS, False,
-            )  # fmt: skip
+                blk_ptr + KEEP_BLOCKS - c0 // BS,
+                blk_stride,
+                row + one,
+                one == 0,
+                logit[None, :],
+                valid[None, :],
+                c0 + j0,
+                length + one * 0,
+                1,
+                BLOCK_N,
+                BS,
+                False,
+            )
 
 
 # ----------------------------------------------------------------------------- candidate-only scoring
@@ -269,7 +320,9 @@ def _candidate_keys_kernel(
             page = k_ptr + pblk.to(tl.int64) * page_stride
             off = col % block_size
             kt = tl.load(page[None, :] + off[None, :] * D + d[:, None], mask=valid[None, :], other=0)
-            kscale = tl.load((page + block_size * D + off * 4).to(tl.pointer_type(tl.float32)), mask=valid, other=0.0)
+            kscale = tl.load(
+                (page + block_size * D + off * 4).to(tl.pointer_type(tl.float32)), mask=valid, other=0.0
+            )
         else:
             n = tl.load(start_ptr + row) + col
             kt = tl.load(k_ptr + n.to(tl.int64)[None, :] * D + d[:, None], mask=valid[None, :], other=0)
@@ -285,6 +338,11 @@ BLOCK_N = 64
 TILES = 8
 SPAN = BLOCK_N * TILES  # columns per program; chunks are multiples of it
 CHUNK_MAX = 1 << 16
+# How a chunk is merged into the kept top-k: "int64" (the kernel writes selection keys; one integer
+# torch.topk per chunk) or "fp32" (the kernel writes scores; an fp32 top-(k+8) pre-selects, exact keys
+# decide). H200, 8192 queries at 64K / 256K / 1M keys: int64 56 / 216 / 850 ms, fp32 74 / 276 / 1003 ms
+# (docs/INDEXER.md), so int64 is the default; fp32 halves the workspace (68 vs 128 MB).
+PREFILL_SELECT = "int64"
 NUM_WARPS = 4
 PREFILL_WARPS = 8  # 4 warps: 255 registers, one CTA per SM on sm_86
 CANDIDATE_WARPS = 4
@@ -302,8 +360,17 @@ def workspace_per_row(chunk: int, keep: int, keep_blocks: int, block_size: int) 
     return size
 
 
-def plan(rows: int, longest: int, keep: int, keep_blocks: int, block_size: int, workspace_bytes: int,
-         row_multiple: int = BLOCK_M, chunk_max: int = CHUNK_MAX, per_row=None) -> tuple[int, int]:  # fmt: skip
+def plan(
+    rows: int,
+    longest: int,
+    keep: int,
+    keep_blocks: int,
+    block_size: int,
+    workspace_bytes: int,
+    row_multiple: int = BLOCK_M,
+    chunk_max: int = CHUNK_MAX,
+    per_row=None,
+) -> tuple[int, int]:
     """(row block R, chunk C): C a multiple of SPAN covering `longest` if it can, R as large as fits."""
     chunk = min(triton.cdiv(max(longest, 1), SPAN) * SPAN, chunk_max)
     per_row = (per_row or workspace_per_row)(chunk, keep, keep_blocks, block_size)
@@ -327,14 +394,20 @@ def _blocks_out(keys: torch.Tensor) -> torch.Tensor:
 def _check_common(q8: torch.Tensor, weights: torch.Tensor, topk_indices: torch.Tensor, rows: int) -> None:
     heads = q8.shape[-2]
     if weights.shape != (rows, heads) or weights.dtype != torch.float32 or weights.stride(1) != 1:
-        raise ValueError(f"weights must be fp32 [{rows}, {heads}] with unit last stride, got {tuple(weights.shape)}")
+        raise ValueError(
+            f"weights must be fp32 [{rows}, {heads}] with unit last stride, got {tuple(weights.shape)}"
+        )
     if topk_indices.dtype != torch.int32 or topk_indices.dim() != 2 or topk_indices.shape[0] != rows:
-        raise ValueError(f"topk_indices must be int32 [{rows}, topk], got {topk_indices.dtype} {tuple(topk_indices.shape)}")
+        raise ValueError(
+            f"topk_indices must be int32 [{rows}, topk], got {topk_indices.dtype} {tuple(topk_indices.shape)}"
+        )
 
 
 def _check_candidates(cand: torch.Tensor, rows: int, block_size: int) -> None:
     if cand.dtype != torch.int32 or cand.dim() != 2 or cand.shape[0] < rows or cand.stride(1) != 1:
-        raise ValueError(f"candidate_blocks must be int32 [{rows}, n] with unit last stride, got {tuple(cand.shape)}")
+        raise ValueError(
+            f"candidate_blocks must be int32 [{rows}, n] with unit last stride, got {tuple(cand.shape)}"
+        )
     if SPAN % block_size or BLOCK_N % block_size:
         raise ValueError(f"candidate_block_size {block_size} must divide {BLOCK_N}")
 
@@ -353,6 +426,7 @@ def indexer_topk_prefill(
     candidate_write: bool = False,
     workspace_bytes: int = WORKSPACE_BYTES,
     chunk_max: int = CHUNK_MAX,
+    select: str = PREFILL_SELECT,
 ) -> None:
     """Top-k of one prefill chunk's indexer rows without the dense [M, N] logits (docs/INDEXER.md).
 
@@ -379,54 +453,122 @@ def indexer_topk_prefill(
     if candidate_blocks is not None and not candidate_write:
         ncols = candidate_blocks.shape[1] * candidate_block_size
         if ncols % SPAN:
-            raise ValueError(f"{candidate_blocks.shape[1]} candidate blocks of {candidate_block_size} is not a multiple of {SPAN} columns")
+            raise ValueError(
+                f"{candidate_blocks.shape[1]} candidate blocks of {candidate_block_size} "
+                f"is not a multiple of {SPAN} columns"
+            )
         r_blk, _ = plan(m, ncols, keep, 0, candidate_block_size, workspace_bytes, 1, ncols)
         buf = torch.empty((r_blk, keep + ncols), dtype=torch.int64, device=dev)
         for r0 in range(0, m, r_blk):
             nr = min(r_blk, m - r0)
             buf[:nr, :keep].fill_(INVALID_KEY)
             _candidate_keys_kernel[(nr, ncols // SPAN)](
-                q8, weights, weights.stride(0), k8, kscale, 0, 1, buf, 0, cu_seqlen_ks,
-                (cu_seqlen_ke - cu_seqlen_ks).clamp_min(0).to(torch.int32), buf, r0,
-                candidate_blocks, candidate_blocks.stride(0), buf, buf.stride(0),
-                HEADS=heads, D=INDEX_DIM, NEXT_N=1, HAS_REQ=False, PAGED=False, BLOCK_N=CAND_BLOCK_N,
-                TILES=CAND_TILES, KEEP=keep, BS=candidate_block_size, num_warps=CANDIDATE_WARPS,
-            )  # fmt: skip
+                q8,
+                weights,
+                weights.stride(0),
+                k8,
+                kscale,
+                0,
+                1,
+                buf,
+                0,
+                cu_seqlen_ks,
+                (cu_seqlen_ke - cu_seqlen_ks).clamp_min(0).to(torch.int32),
+                buf,
+                r0,
+                candidate_blocks,
+                candidate_blocks.stride(0),
+                buf,
+                buf.stride(0),
+                HEADS=heads,
+                D=INDEX_DIM,
+                NEXT_N=1,
+                HAS_REQ=False,
+                PAGED=False,
+                BLOCK_N=CAND_BLOCK_N,
+                TILES=CAND_TILES,
+                KEEP=keep,
+                BS=candidate_block_size,
+                num_warps=CANDIDATE_WARPS,
+            )
             _merge(buf, nr, keep)
             topk_indices[r0 : r0 + nr] = keys_to_columns(_finish(buf, nr, keep))
         return
     keep_blocks = candidate_blocks.shape[1] if candidate_blocks is not None else 0
-    r_blk, chunk = plan(m, int(lengths.max()), keep, keep_blocks, candidate_block_size, workspace_bytes,
-                        chunk_max=chunk_max, per_row=prefill_row_bytes)  # fmt: skip
-    fbuf = torch.empty((r_blk, keep + chunk), dtype=torch.float32, device=dev)
-    keys = torch.empty((r_blk, keep), dtype=torch.int64, device=dev)
+    as_values = select == "fp32"
+    if select not in ("int64", "fp32"):
+        raise ValueError(f"select must be 'int64' or 'fp32', got {select!r}")
+    r_blk, chunk = plan(
+        m,
+        int(lengths.max()),
+        keep,
+        keep_blocks,
+        candidate_block_size,
+        workspace_bytes,
+        chunk_max=chunk_max,
+        per_row=prefill_row_bytes if as_values else workspace_per_row,
+    )
+    dt = torch.float32 if as_values else torch.int64
+    fbuf = torch.empty((r_blk, keep + chunk), dtype=dt, device=dev)
+    keys = torch.empty((r_blk, keep), dtype=torch.int64, device=dev) if as_values else fbuf
     nbc = chunk // candidate_block_size
-    bfbuf = torch.empty((r_blk, keep_blocks + nbc) if keep_blocks else (1, 1), dtype=torch.float32, device=dev)
-    bkeys = torch.empty((r_blk, keep_blocks) if keep_blocks else (1, 1), dtype=torch.int64, device=dev)
+    bfbuf = torch.empty((r_blk, keep_blocks + nbc) if keep_blocks else (1, 1), dtype=dt, device=dev)
+    bkeys = (
+        torch.empty((r_blk, keep_blocks) if keep_blocks else (1, 1), dtype=torch.int64, device=dev)
+        if as_values
+        else bfbuf
+    )
     lengths_dev = (cu_seqlen_ke.long() - cu_seqlen_ks.long()).clamp_min(0)
     for r0 in range(0, m, r_blk):
         nr = min(r_blk, m - r0)
         longest = int(lengths[r0 : r0 + nr].max())
         row_len = lengths_dev[r0 : r0 + nr]
-        keys[:nr].fill_(INVALID_KEY)
-        fbuf[:nr, :keep].fill_(float("-inf"))
+        keys[:nr, :keep].fill_(INVALID_KEY)
+        if as_values:
+            fbuf[:nr, :keep].fill_(float("-inf"))
         if keep_blocks:
-            bkeys[:nr].fill_(INVALID_KEY)
-            bfbuf[:nr, :keep_blocks].fill_(float("-inf"))
+            bkeys[:nr, :keep_blocks].fill_(INVALID_KEY)
+            if as_values:
+                bfbuf[:nr, :keep_blocks].fill_(float("-inf"))
         for c0 in range(0, max(longest, 1), chunk):
             _prefill_keys_kernel[(triton.cdiv(nr, BLOCK_M), chunk // SPAN)](
-                q8, weights, weights.stride(0), k8, kscale, cu_seqlen_ks, cu_seqlen_ke, r0, nr, c0,
-                fbuf, fbuf.stride(0), bfbuf, bfbuf.stride(0),
-                HEADS=heads, D=INDEX_DIM, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, TILES=TILES, KEEP=keep,
-                KEEP_BLOCKS=keep_blocks, BS=candidate_block_size, WRITE_BLOCKS=keep_blocks > 0,
+                q8,
+                weights,
+                weights.stride(0),
+                k8,
+                kscale,
+                cu_seqlen_ks,
+                cu_seqlen_ke,
+                r0,
+                nr,
+                c0,
+                fbuf,
+                fbuf.stride(0),
+                bfbuf,
+                bfbuf.stride(0),
+                HEADS=heads,
+                D=INDEX_DIM,
+                BLOCK_M=BLOCK_M,
+                BLOCK_N=BLOCK_N,
+                TILES=TILES,
+                KEEP=keep,
+                KEEP_BLOCKS=keep_blocks,
+                BS=candidate_block_size,
+                WRITE_BLOCKS=keep_blocks > 0,
+                AS_VALUES=as_values,
                 num_warps=PREFILL_WARPS,
-            )  # fmt: skip
-            _select(fbuf, keys, nr, keep, c0, row_len)
-            if keep_blocks:
-                _select(bfbuf, bkeys, nr, keep_blocks, c0 // candidate_block_size, None)
-        topk_indices[r0 : r0 + nr] = keys_to_columns(torch.sort(keys[:nr], dim=1, descending=True).values)
+            )
+            if as_values:
+                _select(fbuf, keys, nr, keep, c0, row_len)
+                if keep_blocks:
+                    _select(bfbuf, bkeys, nr, keep_blocks, c0 // candidate_block_size, None)
+            else:
+                _merge(fbuf, nr, keep)
+                if keep_blocks:
+                    _merge(bfbuf, nr, keep_blocks)
+        topk_indices[r0 : r0 + nr] = keys_to_columns(_finish(keys, nr, keep))
         if candidate_blocks is not None:
-            candidate_blocks[r0 : r0 + nr] = _blocks_out(torch.sort(bkeys[:nr], dim=1, descending=True).values)
+            candidate_blocks[r0 : r0 + nr] = _blocks_out(_finish(bkeys, nr, keep_blocks))
 
 
 SLACK = 8  # fp32 pre-selection keeps keep + SLACK; a tie reaching past it sends the row to the exact path
@@ -435,6 +577,7 @@ SLACK = 8  # fp32 pre-selection keeps keep + SLACK; a tie reaching past it sends
 def prefill_row_bytes(chunk: int, keep: int, keep_blocks: int, block_size: int) -> int:
     """Bytes one prefill row costs: fp32 scores (kept + chunk), kept int64 keys, the pre-selection's
     outputs and keys, and up to as much again for the exact fallback of tie rows (done in slices)."""
+
     def part(k: int, n: int) -> int:
         return (k + n) * 8 + k * 8 + (k + SLACK) * 44 + k * 16
 
@@ -457,7 +600,9 @@ def _chunk_keys(vals: torch.Tensor, cols: torch.Tensor, row_len: torch.Tensor | 
     return torch.where(valid, key, torch.full_like(key, INVALID_KEY))
 
 
-def _select(fbuf: torch.Tensor, keys: torch.Tensor, nr: int, keep: int, c0: int, row_len: torch.Tensor | None) -> None:
+def _select(
+    fbuf: torch.Tensor, keys: torch.Tensor, nr: int, keep: int, c0: int, row_len: torch.Tensor | None
+) -> None:
     """Merge this chunk's fp32 scores fbuf[:nr, keep:] into the kept keys[:nr] (their scores in
     fbuf[:nr, :keep]). An fp32 top-(keep + SLACK) pre-selects (fast); the exact int64 keys decide among
     the picks. Rows whose score at rank keep equals the one at rank keep + SLACK may have ties beyond
@@ -481,7 +626,11 @@ def _select(fbuf: torch.Tensor, keys: torch.Tensor, nr: int, keep: int, c0: int,
     for b0 in range(0, bad.numel(), step):
         rows = bad[b0 : b0 + step]
         cols = torch.arange(width - keep, device=fbuf.device) + c0
-        chunk = _chunk_keys(fbuf[rows, keep:], cols[None, :].expand(rows.numel(), -1), None if row_len is None else row_len[rows])
+        chunk = _chunk_keys(
+            fbuf[rows, keep:],
+            cols[None, :].expand(rows.numel(), -1),
+            None if row_len is None else row_len[rows],
+        )
         full = torch.cat([keys[rows], chunk], dim=1)
         new[rows] = torch.topk(full, keep, dim=1, sorted=False).values
     keys[:nr] = new
@@ -530,12 +679,34 @@ def indexer_topk_decode(
         buf = torch.empty((rows, keep + ncols), dtype=torch.int64, device=dev)
         buf[:, :keep].fill_(INVALID_KEY)
         _candidate_keys_kernel[(rows, ncols // SPAN)](
-            q8, weights, weights.stride(0), kv_cache, lens, kv_cache.stride(0), block_size,
-            block_tables, block_tables.stride(0), lens, lens, req_arg, 0,
-            candidate_blocks, candidate_blocks.stride(0), buf, buf.stride(0),
-            HEADS=heads, D=INDEX_DIM, NEXT_N=next_n, HAS_REQ=req is not None, PAGED=True, BLOCK_N=CAND_BLOCK_N,
-            TILES=CAND_TILES, KEEP=keep, BS=candidate_block_size, num_warps=CANDIDATE_WARPS,
-        )  # fmt: skip
+            q8,
+            weights,
+            weights.stride(0),
+            kv_cache,
+            lens,
+            kv_cache.stride(0),
+            block_size,
+            block_tables,
+            block_tables.stride(0),
+            lens,
+            lens,
+            req_arg,
+            0,
+            candidate_blocks,
+            candidate_blocks.stride(0),
+            buf,
+            buf.stride(0),
+            HEADS=heads,
+            D=INDEX_DIM,
+            NEXT_N=next_n,
+            HAS_REQ=req is not None,
+            PAGED=True,
+            BLOCK_N=CAND_BLOCK_N,
+            TILES=CAND_TILES,
+            KEEP=keep,
+            BS=candidate_block_size,
+            num_warps=CANDIDATE_WARPS,
+        )
         _merge(buf, rows, keep)
         topk_indices.copy_(keys_to_columns(_finish(buf, rows, keep)))
         return
@@ -545,20 +716,45 @@ def indexer_topk_decode(
     chunk = (workspace_bytes // rows - fixed) // per_col // SPAN * SPAN
     chunk = max(SPAN, min(chunk, triton.cdiv(max_model_len, SPAN) * SPAN))
     buf = torch.empty((rows, keep + chunk), dtype=torch.int64, device=dev)
-    bbuf = torch.empty((rows, keep_blocks + chunk // candidate_block_size) if keep_blocks else (1, 1),
-                       dtype=torch.int64, device=dev)  # fmt: skip
+    bbuf = torch.empty(
+        (rows, keep_blocks + chunk // candidate_block_size) if keep_blocks else (1, 1),
+        dtype=torch.int64,
+        device=dev,
+    )
     buf[:, :keep].fill_(INVALID_KEY)
     if keep_blocks:
         bbuf[:, :keep_blocks].fill_(INVALID_KEY)
     tiles = decode_tiles(rows, chunk, q8.device)
     for c0 in range(0, max(max_model_len, 1), chunk):
         _paged_keys_kernel[(rows, chunk // (BLOCK_N * tiles))](
-            q8, weights, weights.stride(0), kv_cache, kv_cache.stride(0), block_size,
-            block_tables, block_tables.stride(0), lens, req_arg, c0, buf, buf.stride(0), bbuf, bbuf.stride(0),
-            HEADS=heads, D=INDEX_DIM, NEXT_N=next_n, HAS_REQ=req is not None, BLOCK_N=BLOCK_N, TILES=tiles,
-            KEEP=keep, KEEP_BLOCKS=keep_blocks, BS=candidate_block_size, WRITE_BLOCKS=keep_blocks > 0,
+            q8,
+            weights,
+            weights.stride(0),
+            kv_cache,
+            kv_cache.stride(0),
+            block_size,
+            block_tables,
+            block_tables.stride(0),
+            lens,
+            req_arg,
+            c0,
+            buf,
+            buf.stride(0),
+            bbuf,
+            bbuf.stride(0),
+            HEADS=heads,
+            D=INDEX_DIM,
+            NEXT_N=next_n,
+            HAS_REQ=req is not None,
+            BLOCK_N=BLOCK_N,
+            TILES=tiles,
+            KEEP=keep,
+            KEEP_BLOCKS=keep_blocks,
+            BS=candidate_block_size,
+            WRITE_BLOCKS=keep_blocks > 0,
+            WORDS=lg_mod.PAGED_WORD_DECODE,
             num_warps=NUM_WARPS,
-        )  # fmt: skip
+        )
         _merge(buf, rows, keep)
         if keep_blocks:
             _merge(bbuf, rows, keep_blocks)
@@ -567,8 +763,14 @@ def indexer_topk_decode(
         candidate_blocks[:rows] = _blocks_out(_finish(bbuf, rows, keep_blocks))
 
 
-def decode_workspace_bytes(rows: int, max_model_len: int, keep: int, keep_blocks: int = 0, block_size: int = 8,
-                           workspace_bytes: int = WORKSPACE_BYTES) -> int:  # fmt: skip
+def decode_workspace_bytes(
+    rows: int,
+    max_model_len: int,
+    keep: int,
+    keep_blocks: int = 0,
+    block_size: int = 8,
+    workspace_bytes: int = WORKSPACE_BYTES,
+) -> int:
     """The bound the decode path stays under (the formula in the module docstring)."""
     per_col = 8 + (8 // block_size if keep_blocks else 0)
     fixed = keep * 24 + keep_blocks * 24
@@ -595,11 +797,25 @@ _PREFILL_SIG = {
     "row0": "i32",
     "nrows": "i32",
     "c0": "i32",
-    "keys_ptr": "*fp32",
+    "keys_ptr": "*i64",
     "keys_stride": "i32",
-    "blk_ptr": "*fp32",
+    "blk_ptr": "*i64",
     "blk_stride": "i32",
-    **{c: "constexpr" for c in ("HEADS", "D", "BLOCK_M", "BLOCK_N", "TILES", "KEEP", "KEEP_BLOCKS", "BS", "WRITE_BLOCKS")},
+    **{
+        c: "constexpr"
+        for c in (
+            "HEADS",
+            "D",
+            "BLOCK_M",
+            "BLOCK_N",
+            "TILES",
+            "KEEP",
+            "KEEP_BLOCKS",
+            "BS",
+            "WRITE_BLOCKS",
+            "AS_VALUES",
+        )
+    },
 }
 _PAGED_SIG = {
     "q_ptr": "*u8",
@@ -617,7 +833,22 @@ _PAGED_SIG = {
     "keys_stride": "i32",
     "blk_ptr": "*i64",
     "blk_stride": "i32",
-    **{c: "constexpr" for c in ("HEADS", "D", "NEXT_N", "HAS_REQ", "BLOCK_N", "TILES", "KEEP", "KEEP_BLOCKS", "BS", "WRITE_BLOCKS")},
+    **{
+        c: "constexpr"
+        for c in (
+            "HEADS",
+            "D",
+            "NEXT_N",
+            "HAS_REQ",
+            "BLOCK_N",
+            "TILES",
+            "KEEP",
+            "KEEP_BLOCKS",
+            "BS",
+            "WRITE_BLOCKS",
+            "WORDS",
+        )
+    },
 }
 _CAND_SIG = {
     "q_ptr": "*u8",
@@ -637,27 +868,37 @@ _CAND_SIG = {
     "cand_stride": "i32",
     "keys_ptr": "*i64",
     "keys_stride": "i32",
-    **{c: "constexpr" for c in ("HEADS", "D", "NEXT_N", "HAS_REQ", "PAGED", "BLOCK_N", "TILES", "KEEP", "BS")},
+    **{
+        c: "constexpr" for c in ("HEADS", "D", "NEXT_N", "HAS_REQ", "PAGED", "BLOCK_N", "TILES", "KEEP", "BS")
+    },
 }
 _ALIGNED = ("q_ptr", "w_ptr", "keys_ptr", "keys_stride")
 COMPILE_SPECS = (
     *(
         CompileSpec(
-            f"indexer.stream.prefill{'.blocks' if kb else ''}",
+            f"indexer.stream.prefill{'.blocks' if kb else ''}{'.f32' if av else ''}",
             _prefill_keys_kernel,
-            _PREFILL_SIG,
-            {**_KEYS_COMMON, "BLOCK_M": BLOCK_M, "KEEP_BLOCKS": kb, "WRITE_BLOCKS": kb > 0},
+            {**_PREFILL_SIG, **({"keys_ptr": "*fp32", "blk_ptr": "*fp32"} if av else {})},
+            {**_KEYS_COMMON, "BLOCK_M": BLOCK_M, "KEEP_BLOCKS": kb, "WRITE_BLOCKS": kb > 0, "AS_VALUES": av},
             num_warps=PREFILL_WARPS,
             divisible_by_16=(*_ALIGNED, "k_ptr", "kscale_ptr"),
         )
         for kb in (0, CANDIDATE_BLOCKS)
+        for av in (False, True)
     ),
     *(
         CompileSpec(
             f"indexer.stream.paged{'.blocks' if kb else ''}",
             _paged_keys_kernel,
             _PAGED_SIG,
-            {**_KEYS_COMMON, "NEXT_N": 1, "HAS_REQ": False, "KEEP_BLOCKS": kb, "WRITE_BLOCKS": kb > 0},
+            {
+                **_KEYS_COMMON,
+                "NEXT_N": 1,
+                "HAS_REQ": False,
+                "KEEP_BLOCKS": kb,
+                "WRITE_BLOCKS": kb > 0,
+                "WORDS": False,
+            },
             num_warps=NUM_WARPS,
             divisible_by_16=(*_ALIGNED, "cache_ptr", "page_stride", "block_size"),
         )
@@ -668,7 +909,14 @@ COMPILE_SPECS = (
             f"indexer.stream.candidates.{'paged' if paged else 'prefill'}",
             _candidate_keys_kernel,
             _CAND_SIG,
-            {**_KEYS_COMMON, "BLOCK_N": CAND_BLOCK_N, "TILES": CAND_TILES, "NEXT_N": 1, "HAS_REQ": False, "PAGED": paged},
+            {
+                **_KEYS_COMMON,
+                "BLOCK_N": CAND_BLOCK_N,
+                "TILES": CAND_TILES,
+                "NEXT_N": 1,
+                "HAS_REQ": False,
+                "PAGED": paged,
+            },
             num_warps=CANDIDATE_WARPS,
             divisible_by_16=(*_ALIGNED, "k_ptr"),
         )
