@@ -1,10 +1,9 @@
-"""All K DSpark draft positions in one launch (docs/DSPARK.md, "One launch for the block").
+"""All K DSpark draft positions in one launch (docs/DSPARK.md, "`draft_chain`").
 
 A persistent grid (at most one program per SM, so all are resident) owns fixed 1,024-wide vocabulary
-blocks. Per position each program computes the Markov bias of its blocks in-kernel (tl.dot, fp32,
-one bf16 rounding), adds it to the base logits, reduces each block per row, then waits on a grid
-barrier; after it every program picks the previous tokens itself from the published partial maxima,
-so one barrier per position suffices. The barrier and exit counters are reset by the last program.
+blocks; per position each program computes its blocks' Markov bias in-kernel (tl.dot, one bf16
+rounding), adds the base logits, reduces each block per row and waits on one grid barrier, after which
+every program picks the previous tokens itself from the published partials (counters reset in-launch).
 """
 
 from __future__ import annotations
