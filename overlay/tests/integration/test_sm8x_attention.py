@@ -11,6 +11,7 @@ as DeepseekV4Attention.__init__ sets them. scripts/patches_scan.py records every
 
 from __future__ import annotations
 
+import math
 import types
 
 import pytest
@@ -22,7 +23,7 @@ from deepinfer_sm80 import bindings
 from deepinfer_sm80.formats.fp8_ds_mla import token_views
 from deepinfer_sm80.ops.sparse_mla import reference as ref
 from deepinfer_sm80.testing.compare import assert_close
-from deepinfer_sm80.testing.gates import test_device
+from deepinfer_sm80.testing.gates import requires_cuda, test_device
 from deepinfer_sm80.testing.inputs import generator, page_pool
 
 DEV = test_device()
@@ -95,22 +96,35 @@ def serving_scales(pool: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     return pool
 
 
-def case_inputs(name: str, sa, heads: int, ratio: int):
-    gen = generator(name)
-    topk, max_model_len = 32, 512
-    layer = make_layer(sa, heads, ratio, topk, max_model_len, gen)
-    dec_lens = [5, 300]  # context lengths of the decode requests (one query each)
-    pre = [(40, 20), (7, 7)]  # (seq_len, query_len) of the prefill requests
-    lens = dec_lens + [s for s, _ in pre]
-    states = C_BLOCK // ratio
-    swa_pool = serving_scales(page_pool(24, SWA_BS, gen, valid=True), gen).to(DEV)
-    c_pool = serving_scales(page_pool(8, states, gen, valid=True), gen).to(DEV)
-    layer.kv_cache = c_pool
-    layer.swa_cache_layer = types.SimpleNamespace(prefix="s", kv_cache=swa_pool)
+SMALL = {"topk": 32, "max_model_len": 512, "dec_lens": [5, 300], "pre": [(40, 20), (7, 7)]}
+# V4.1's top-k 512 and a context past it; GPU only (the interpreter would take minutes)
+PRODUCTION = {
+    "topk": 512,
+    "max_model_len": 8192,
+    "dec_lens": [700, 5000, 129],
+    "pre": [(1500, 300), (64, 64)],
+}
+
+
+def case_inputs(name: str, sa, heads: int, ratio: int, size: dict | None = None):
     from deepinfer_sm80.testing.inputs import block_table
 
-    swa_bt = block_table(lens, 24, SWA_BS, gen)
-    c_bt = block_table([-(-n // ratio) for n in lens], 8, states, gen)
+    size = size or SMALL
+    gen = generator(name)
+    topk, max_model_len = size["topk"], size["max_model_len"]
+    layer = make_layer(sa, heads, ratio, topk, max_model_len, gen)
+    dec_lens = list(size["dec_lens"])  # context lengths of the decode requests (one query each)
+    pre = list(size["pre"])  # (seq_len, query_len) of the prefill requests
+    lens = dec_lens + [s for s, _ in pre]
+    states = C_BLOCK // ratio
+    swa_blocks = sum(-(-n // SWA_BS) for n in lens) + 2
+    c_blocks = sum(math.ceil(math.ceil(n / ratio) / states) for n in lens) + 2
+    swa_pool = serving_scales(page_pool(swa_blocks, SWA_BS, gen, valid=True), gen).to(DEV)
+    c_pool = serving_scales(page_pool(c_blocks, states, gen, valid=True), gen).to(DEV)
+    layer.kv_cache = c_pool
+    layer.swa_cache_layer = types.SimpleNamespace(prefix="s", kv_cache=swa_pool)
+    swa_bt = block_table(lens, swa_blocks, SWA_BS, gen)
+    c_bt = block_table([-(-n // ratio) for n in lens], c_blocks, states, gen)
     # tokens: decodes first (position len-1), then each prefill's last query_len positions
     req, pos = [], []
     for r, n in enumerate(dec_lens):
@@ -206,11 +220,20 @@ class _Workspace:
         return [torch.empty(s, dtype=d, device=DEV) for s, d in shapes]
 
 
-@pytest.mark.parametrize(("heads", "ratio"), [(8, 2), (16, 1)], ids=["tp8-ratio2", "tp4-ratio1"])
-def test_forward_mqa_mixed_batch_matches_reference(sm8x, monkeypatch, heads: int, ratio: int) -> None:
+@pytest.mark.parametrize(
+    ("heads", "ratio", "size"),
+    [
+        (8, 2, None),
+        (16, 1, None),
+        pytest.param(64, 1, PRODUCTION, marks=requires_cuda, id="tp1-ratio1-topk512"),
+        pytest.param(8, 2, PRODUCTION, marks=requires_cuda, id="tp8-ratio2-topk512"),
+    ],
+    ids=lambda v: None,
+)
+def test_forward_mqa_mixed_batch_matches_reference(sm8x, monkeypatch, heads: int, ratio: int, size) -> None:
     sa = sm8x
-    name = f"sm8x-attn-h{heads}-r{ratio}"
-    layer, q, req, pos, lens, pre, dec_lens, swa_bt, c_bt = case_inputs(name, sa, heads, ratio)
+    name = f"sm8x-attn-h{heads}-r{ratio}" + ("-production" if size else "")
+    layer, q, req, pos, lens, pre, dec_lens, swa_bt, c_bt = case_inputs(name, sa, heads, ratio, size)
     meta = metadata(layer, req, pos, lens, pre, dec_lens, swa_bt, c_bt)
     monkeypatch.setattr(sa, "get_forward_context", lambda: types.SimpleNamespace(attn_metadata=meta))
     monkeypatch.setattr(sa, "current_workspace_manager", _Workspace)
