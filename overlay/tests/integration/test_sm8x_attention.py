@@ -113,6 +113,7 @@ def case_inputs(name: str, sa, heads: int, ratio: int, size: dict | None = None)
     gen = generator(name)
     topk, max_model_len = size["topk"], size["max_model_len"]
     layer = make_layer(sa, heads, ratio, topk, max_model_len, gen)
+    layer.max_num_batched_tokens = max(64, len(size["dec_lens"]) + sum(q for _, q in size["pre"]))
     dec_lens = list(size["dec_lens"])  # context lengths of the decode requests (one query each)
     pre = list(size["pre"])  # (seq_len, query_len) of the prefill requests
     lens = dec_lens + [s for s, _ in pre]
