@@ -29,8 +29,10 @@ import importlib.metadata
 import importlib.util
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -270,6 +272,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-kernels", action="store_true", help="leave out the cross-compile (slow)")
     args = parser.parse_args(argv)
     pins = load_pins()
+    # compiles go to a scratch cache, removed at the end: the image keeps no self-test artefacts
+    scratch = tempfile.mkdtemp(prefix="deepinfer-selftest-")
+    os.environ["TRITON_CACHE_DIR"] = scratch
+    try:
+        return _run(args, pins)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _run(args: argparse.Namespace, pins: dict[str, str]) -> int:
     check("pins", lambda: check_pins(pins))
     check("provenance", lambda: check_provenance(pins))
     check("patches", lambda: check_patches(args.level))

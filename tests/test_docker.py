@@ -346,3 +346,30 @@ def test_official_wheel_core_ops_carry_the_image_archs(official_wheel_dir, tmp_p
     assert re.search(r"vllm/_C_stable_libtorch\.abi3\.so\s+SASS [^\n]*\b80 86\b", ok.stdout), ok.stdout
     bad = subprocess.run([*run, "8.0 8.7"], capture_output=True, text=True)
     assert bad.returncode == 1 and "lacks SASS for sm_87" in bad.stderr
+
+
+# ----------------------------------------------------------------------------- harness commands
+def test_harness_command_is_made_runnable_without_gpu():
+    from image_harness_dryrun import runnable
+
+    line = (
+        "[A] docker run --rm --name x --gpus all --ipc=host -v /m:/m:ro -e K=1 --entrypoint vllm "
+        "img:baseline serve --model /m --tensor-parallel-size 8"
+    )
+    assert runnable(line, "img:baseline", "/usr/bin/docker") == [
+        "/usr/bin/docker",
+        "run",
+        "-e",
+        "VLLM_TARGET_DEVICE=cpu",
+        "--rm",
+        "--name",
+        "x",
+        "--ipc=host",
+        "-e",
+        "K=1",
+        "--entrypoint",
+        "vllm",
+        "img:baseline",
+        "serve",
+        "--help=all",
+    ]

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# The source path's CMake configure step, run where the full compile cannot (2 CPU cores, no GitHub).
+# What it shows: vLLM 0.32.0's own CMakeLists.txt, given the pin file's TORCH_CUDA_ARCH_LIST, keeps
+# 8.0/8.6 only and decides, kernel by kernel, what it builds and what it skips for them.
+# How: in a container of the smoke image (CUDA torch, and the CUDA toolkit wheels vLLM's dependencies
+# install, nvcc included), on the pinned sdist from the image build's own vllm-src stage. Two stand-ins,
+# because GitHub is out of reach here: the pip toolkit gets a CMake-shaped root (symlinks: unversioned
+# .so names, lib64/), and CUTLASS (a FetchContent download, headers needed only to compile) is an empty
+# project. Configure then runs through vLLM's kernel list and stops at the next GitHub download
+# (triton_kernels / FlashMLA / DeepGEMM / vllm-flash-attn are fetched before their arch checks).
+# Usage: scripts/docker_source_configure.sh [IMAGE_NAME]  ->  .cache/image-smoke/source-configure.log
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DOCKER=${DOCKER:-/usr/bin/docker}
+NAME=${1:-deepinfer-sm80-smoke}
+OUT=.cache/image-smoke
+mkdir -p "$OUT"
+log="$OUT/source-configure.log"
+
+# the pinned, sha256-checked sdist tree, from the vllm-src stage (cached by the smoke build)
+extra=()
+[ -s /etc/ssl/certs/ca-certificates.crt ] && extra+=(--secret id=pip_ca,src=/etc/ssl/certs/ca-certificates.crt)
+ctx=.cache/image-context
+[ -d "$ctx" ] || bash scripts/docker_context.sh "$ctx"
+(cd "$ctx" && DOCKER_BUILDKIT=1 "$DOCKER" build --network host -q -f docker/Dockerfile.sm80 \
+    --build-arg BASE_IMAGE=deepinfer-local/debian:trixie --build-arg PYTHON_VERSION=3.13 "${extra[@]}" \
+    --target vllm-src -t "$NAME:vllm-src" .) >/dev/null
+src=$(mktemp -d /var/tmp/deepinfer-vllm-src.XXXXXX)
+trap 'rm -rf "$src"' EXIT
+cid=$("$DOCKER" create "$NAME:vllm-src")
+"$DOCKER" cp "$cid:/opt/vllm-src/." "$src/"
+"$DOCKER" rm "$cid" >/dev/null
+
+ca=()
+[ -s /etc/ssl/certs/ca-certificates.crt ] && ca=(-v /etc/ssl/certs/ca-certificates.crt:/run/secrets/pip_ca:ro)
+"$DOCKER" run --rm --network host "${ca[@]}" -v "$src:/src" --entrypoint bash "$NAME:baseline" -c '
+set -euo pipefail
+. /opt/deepinfer/lib.sh
+pip install -q $(pin VLLM_BUILD_TOOLS) >/dev/null
+site=$(python -c "import sysconfig; print(sysconfig.get_paths()[\"purelib\"])")
+pip_cuda=$site/nvidia/cu13
+root=/tmp/cuda
+mkdir -p $root/lib64
+ln -s $pip_cuda/bin $root/bin; ln -s $pip_cuda/include $root/include; ln -s $pip_cuda/nvvm $root/nvvm
+for lib in $pip_cuda/lib/*.so*; do
+    ln -s "$lib" $root/lib64/; base=$(basename "$lib"); ln -sf "$lib" "$root/lib64/${base%%.so*}.so"
+done
+mkdir -p /tmp/stubs/cutlass
+printf "cmake_minimum_required(VERSION 3.26)\nproject(cutlass LANGUAGES NONE)\n" >/tmp/stubs/cutlass/CMakeLists.txt
+export CUDA_HOME=$root PATH=$root/bin:$PATH VLLM_CUTLASS_SRC_DIR=/tmp/stubs/cutlass
+export TORCH_CUDA_ARCH_LIST="$(pin TORCH_CUDA_ARCH_LIST)"
+echo "configure: TORCH_CUDA_ARCH_LIST=$TORCH_CUDA_ARCH_LIST, $(nvcc --version | tail -n1), $(gcc --version | head -n1)"
+cmake -S /src -B /tmp/build -G Ninja -DCMAKE_BUILD_TYPE=Release -DVLLM_TARGET_DEVICE=cuda \
+    -DVLLM_PYTHON_EXECUTABLE=$(command -v python) -DFETCHCONTENT_BASE_DIR=/tmp/deps \
+    -DCMAKE_CUDA_COMPILER=$root/bin/nvcc -DFETCHCONTENT_FULLY_DISCONNECTED=OFF 2>&1 || true
+' 2>&1 | tee "$log"
+
+# what the log must show for the arch list to have been applied
+grep -q "CUDA supported target architectures: 8.0;8.6$" "$log" \
+    || { echo "source-configure: arch list not parsed to 8.0;8.6 (see $log)" >&2; exit 1; }
+echo "source-configure: arch list parsed to 8.0;8.6; kernel decisions:"
+grep -E "Building|Not building|Enabling" "$log" | sed 's/^-- /  /'
