@@ -24,6 +24,7 @@ SMALL_H = 1024  # CPU reference cases: the boundary is per token, so a short row
 OTHER_HIDDEN = (4096, 7168)  # other DeepSeek hidden sizes the selector must align for
 SM_COUNTS = (82, 84, 108, 132)  # RTX 3090, RTX A6000, A100/A800, H200
 UPSTREAM_TORCH = importlib.util.find_spec("vllm") is not None
+TOL = dict(abs=2e-5, rel_in_eps=2**10)  # fp32: sum order over 20480 terms + rsqrtf/expf approximations
 
 
 def _run(
@@ -136,6 +137,20 @@ def _scalars():
     return P.rms_eps, P.hc_pre_eps, P.hc_sinkhorn_eps, P.hc_post_mult_value, P.sinkhorn_repeat
 
 
+def test_fn_hi_lo_split_keeps_the_projection_within_tolerance():
+    """The tensor-core partials project the bf16 R' against bf16(fn) + bf16(fn - bf16(fn)); in exact
+    arithmetic (float64 here) that must sit inside the GPU tests' fp32 tolerance of the spec."""
+    inp = boundary_inputs("hi-lo", 16, SMALL_H)
+    streams = inp.residual.reshape(16, -1).double()  # bf16 values, exact in float64
+    hi = inp.fn.to(torch.bfloat16)
+    lo = (inp.fn - hi.float()).to(torch.bfloat16)
+    split = streams @ (hi.double() + lo.double()).t()
+    exact = streams @ inp.fn.double().t()
+    assert_close(
+        "hi+lo projection", split.float(), exact.float(), **TOL, why="fn carried to ~2^-16 by hi + lo"
+    )
+
+
 # ----------------------------------------------------------------------------- split selector
 @pytest.mark.parametrize("hidden", [HIDDEN, *OTHER_HIDDEN])
 @pytest.mark.parametrize("sms", SM_COUNTS)
@@ -194,7 +209,6 @@ def test_compiles_for_sm80_within_budget(which):
 
 # ------------------------------------------------------------------------- GPU: kernels vs spec and upstream
 GPU_TOKENS = [1, 5, 16, 33, 128, 1536]  # 128 and 1536: the tensor-core partials (fused variants)
-TOL = dict(abs=2e-5, rel_in_eps=2**10)  # fp32: sum order over 20480 terms + rsqrtf/expf approximations
 WHY = "split-h partial sums in another order; rsqrtf/expf vs torch's; 20 Sinkhorn divisions"
 
 
