@@ -252,3 +252,32 @@ def test_nan_codes_decode_to_480() -> None:
         False,
     )
     assert float(out[0, 0]) == 480.0 * D * H
+
+
+def test_bad_inputs_raise_one_line_errors() -> None:
+    q8 = torch.zeros((2, H, D), dtype=torch.uint8, device=DEV)
+    k8 = torch.zeros((4, D), dtype=torch.uint8, device=DEV)
+    ks = torch.ones(4, device=DEV)
+    se = torch.zeros(2, dtype=torch.int32, device=DEV), torch.full((2,), 4, dtype=torch.int32, device=DEV)
+    with pytest.raises(ValueError, match="weights must be fp32"):
+        lg.fp8_fp4_mqa_logits(
+            (q8, None), (k8, ks), torch.ones(2, H, dtype=torch.bfloat16, device=DEV), *se, False
+        )
+    with pytest.raises(NotImplementedError, match="MXFP4"):
+        lg.fp8_fp4_mqa_logits(
+            (q8, torch.ones(2, H, device=DEV)), (k8, ks), torch.ones(2, H, device=DEV), *se, False
+        )
+    with pytest.raises(ValueError, match="kscale must be fp32"):
+        lg.fp8_fp4_mqa_logits((q8, None), (k8, ks[:3]), torch.ones(2, H, device=DEV), *se, False)
+    cache = cache_to_dev(make_k_cache(2, 32))
+    with pytest.raises(ValueError, match="multiple of 64"):
+        lg.fp8_fp4_paged_mqa_logits(
+            (q8[:, None], None),
+            cache,
+            torch.ones(2, H, device=DEV),
+            se[1],
+            torch.zeros(2, 1, dtype=torch.int32, device=DEV),
+            None,
+            64,
+            False,
+        )
