@@ -50,6 +50,7 @@ def mhc_partials_tc_kernel(
     num_tokens = T.dynamic("num_tokens")
     h_per_split = hidden // n_splits
     tiles = h_per_split // ht
+    fn_per_thread = n_out * kt // TC_THREADS  # 12 fn values per thread per 32-column step
     aux_rows = num_tokens if write_aux else 1
 
     residual: T.Tensor((num_tokens, hc, hidden), T.bfloat16)  # type: ignore[no-redef, valid-type]
@@ -80,6 +81,7 @@ def mhc_partials_tc_kernel(
         rb = T.alloc_local((hc * half,), T.bfloat16)
         rf = rin  # R' (fp32 of the stored bf16) replaces R in place
         col = T.alloc_local((hc,), T.float32)
+        fv = T.alloc_local((fn_per_thread,), T.float32)
         yb = T.alloc_local((half,), T.bfloat16)
         ab = T.alloc_local((half,), T.bfloat16)
         sq = T.alloc_var(T.float32)
@@ -117,14 +119,18 @@ def mhc_partials_tc_kernel(
             h0 = i_s * h_per_split + it * ht
             hc0 = h0 + h_half * half
             # fn tile -> hi/lo bf16 in b_s[k = j*32 + h][n | 24 + n]
-            for r0 in T.serial(n_out * kt // TC_THREADS):
+            # loads first, then the hi and the lo stores (in one loop TileLang put a barrier
+            # between the two stores of every element: 12 per tile)
+            for r0 in T.unroll(fn_per_thread):
                 idx = r0 * TC_THREADS + tid
-                n = idx // kt
-                k = idx % kt
-                f = fn[n, (k // ht) * hidden + h0 + k % ht]
-                hi = T.cast(f, T.bfloat16)
-                b_s[k, n] = hi
-                b_s[k, n_out + n] = T.cast(f - T.cast(hi, T.float32), T.bfloat16)
+                fv[r0] = fn[idx // kt, ((idx % kt) // ht) * hidden + h0 + idx % ht]
+            for r0 in T.unroll(fn_per_thread):
+                idx = r0 * TC_THREADS + tid
+                b_s[idx % kt, idx // kt] = T.cast(fv[r0], T.bfloat16)
+            for r0 in T.unroll(fn_per_thread):
+                idx = r0 * TC_THREADS + tid
+                lo = fv[r0] - T.cast(T.cast(fv[r0], T.bfloat16), T.float32)
+                b_s[idx % kt, n_out + idx // kt] = T.cast(lo, T.bfloat16)
             if live:
                 for j in T.unroll(hc):
                     for v in T.vectorized(half):
