@@ -256,6 +256,9 @@ def check_chain(cls: Any, inp: DraftInputs, gumbel: bool, per_step: bool = False
         if not wiring.sample_sequential(mine, inp.base_logits.shape[0], hidden2, one_launch=not per_step):
             return f"fell back: {wiring.unsupported(mine, hidden2)}"
         path = getattr(mine, wiring.PATH_ATTR)
+        held = getattr(mine, wiring._CHAIN_ATTR, None)
+        if path == "chain" and held is not None and int(held[0].sync[2]) != 0:
+            return "grid barrier timed out (programs not all resident)"
         assert_bitwise_equal(f"{path} draft tokens", mine.draft_tokens, theirs.draft_tokens)
         if gumbel:
             assert_bitwise_equal(f"{path} draft logits cache", mine.draft_logits, theirs.draft_logits)
@@ -378,12 +381,16 @@ def main(out_dir: Path, ceilings: Ceilings) -> dict[str, object]:
                 p: check_chain(cls, inp, gumbel, per_step=p == "per-step") for p in ("one-launch", "per-step")
             }
             fns = chain_fns(cls, inp, gumbel)
+            if verdicts["one-launch"] != "ok":  # never time a path that did not run or did not finish
+                del fns["one-launch"]
             nbytes = K * (2 * V41.vocab * R + B * V41.vocab * 2 * (3 if gumbel else 2))
             t = {
                 name: timed(f"dspark chain-{mode} K={K} B={B} {name}", fn, nbytes, ceilings)
                 for name, fn in fns.items()
             }
             for name, shape in (("upstream", ""), ("one-launch", ""), ("per-step", "-perstep")):
+                if name not in t:
+                    continue
                 impl = "upstream" if name == "upstream" else "deepinfer"
                 v = "n/a" if name == "upstream" else ("bitwise" if verdicts[name] == "ok" else "mismatch")
                 for how in ("eager", "graph"):
@@ -413,6 +420,9 @@ def main(out_dir: Path, ceilings: Ceilings) -> dict[str, object]:
 def _speedup(results: dict[str, Any], kind: str, B: int, how: str, mode: str, ours: str) -> tuple[float, str]:
     """Mean upstream/ours time ratio, and the measured times as the cause line of a miss."""
     entries = [e for e in results[kind] if e["B"] == B and e["mode"] == mode and e.get("tp", 1) == 1]
+    entries = [e for e in entries if f"{ours}_{how}_us" in e]
+    if not entries:
+        return 0.0, f"{ours} did not run (see bitwise_{ours} in chains[])"
     up = statistics.fmean(e[f"upstream_{how}_us"] for e in entries)
     mine = statistics.fmean(e[f"{ours}_{how}_us"] for e in entries)
     return up / mine, f"{how}: ours {mine:.1f} us vs upstream {up:.1f} us"

@@ -9,6 +9,7 @@ every program picks the previous tokens itself from the published partials (coun
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 
@@ -308,9 +309,10 @@ def resident_programs(device: torch.device, blocks: int) -> int:
     )
 
 
-def _need(ok: bool, message: str) -> None:
+def _need(ok: bool, message: str | Callable[[], str]) -> None:
+    """One launcher check; f-string messages come as lambdas so a passing check formats nothing."""
     if not ok:
-        raise ValueError(message)
+        raise ValueError(message if isinstance(message, str) else message())
 
 
 def draft_chain(
@@ -352,11 +354,12 @@ def draft_chain(
     for name, w in (("markov_w1", markov_w1), ("markov_w2", markov_w2)):
         _need(
             w.dtype == torch.bfloat16 and w.shape == (V, R) and w.is_contiguous(),
-            f"{name} must be contiguous [{V}, {R}] bf16",
+            lambda name=name: f"{name} must be contiguous [{V}, {R}] bf16",
         )
-    _need(R >= 16 and R & (R - 1) == 0, f"Markov rank must be a power of 2 >= 16, got {R}")
+    _need(R >= 16 and R & (R - 1) == 0, lambda: f"Markov rank must be a power of 2 >= 16, got {R}")
     _need(
-        tokens_out.dtype == torch.int64 and tokens_out.shape == (B, K), f"tokens_out must be [{B}, {K}] int64"
+        tokens_out.dtype == torch.int64 and tokens_out.shape == (B, K),
+        lambda: f"tokens_out must be [{B}, {K}] int64",
     )
     _need(
         anchor_idx.shape == (B,) and anchor_idx.stride(0) == 1 and input_ids.dim() == 1,
@@ -365,14 +368,16 @@ def draft_chain(
     blocks = triton.cdiv(V, SAMPLE_BLOCK)
     _need(
         scratch.logits.shape[0] >= B and scratch.logits.shape[1] == V and scratch.part_val.shape[0] >= K,
-        f"scratch holds {tuple(scratch.part_val.shape)} / {tuple(scratch.logits.shape)}, "
-        f"need [{K}, {B}, {blocks}] / [{B}, {V}]",
+        lambda: (
+            f"scratch holds {tuple(scratch.part_val.shape)} / {tuple(scratch.logits.shape)}, "
+            f"need [{K}, {B}, {blocks}] / [{B}, {V}]"
+        ),
     )
     if gumbel:
         for name, t in (("idx_map", idx_map), ("sample_pos", sample_pos)):
             _need(
                 t is not None and t.dtype == torch.int64 and t.shape == (B, K),
-                f"{name} must be [{B}, {K}] int64",
+                lambda name=name: f"{name} must be [{B}, {K}] int64",
             )
         _need(
             temperature is not None and temperature.dtype == torch.float32, "temperature must be fp32 [slots]"
@@ -385,7 +390,7 @@ def draft_chain(
             and logits_cache.shape[1] >= K
             and logits_cache.shape[2] >= V
             and logits_cache.stride(2) == 1,
-            f"logits_cache must be [slots, >= {K}, >= {V}] bf16",
+            lambda: f"logits_cache must be [slots, >= {K}, >= {V}] bf16",
         )
     if B == 0:
         return

@@ -8,6 +8,7 @@ embedding row of that token for the next position's bias GEMM.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -216,9 +217,10 @@ class DraftScratch:
         )
 
 
-def _need(ok: bool, message: str) -> None:
+def _need(ok: bool, message: str | Callable[[], str]) -> None:
+    """One launcher check; f-string messages come as lambdas so a passing check formats nothing."""
     if not ok:
-        raise ValueError(message)
+        raise ValueError(message if isinstance(message, str) else message())
 
 
 def draft_step(
@@ -257,22 +259,28 @@ def draft_step(
         vocab_start: global id of column 0 (a TP rank's shard offset).
     """
     B, V = base.shape
-    _need(base.dtype in LOGIT_DTYPES, f"base must be bf16 or fp32, got {base.dtype}")
+    _need(base.dtype in LOGIT_DTYPES, lambda: f"base must be bf16 or fp32, got {base.dtype}")
     _need(
         bias.shape == base.shape and bias.dtype == base.dtype,
-        f"bias must be {tuple(base.shape)} {base.dtype}",
+        lambda: f"bias must be {tuple(base.shape)} {base.dtype}",
     )
     _need(base.stride(1) == 1 and bias.stride(1) == 1, "base and bias need unit column stride")
-    _need(tokens_out.dtype == torch.int64 and tokens_out.shape == (B,), f"tokens_out must be [{B}] int64")
+    _need(
+        tokens_out.dtype == torch.int64 and tokens_out.shape == (B,),
+        lambda: f"tokens_out must be [{B}] int64",
+    )
     blocks = triton.cdiv(V, SAMPLE_BLOCK)
     _need(
         scratch.part_val.shape[0] >= B and scratch.part_val.shape[1] >= blocks,
-        f"scratch holds {tuple(scratch.part_val.shape)}, need >= [{B}, {blocks}]",
+        lambda: f"scratch holds {tuple(scratch.part_val.shape)}, need >= [{B}, {blocks}]",
     )
     dummy = scratch.counters
     if gumbel:
         for name, t, dtype in (("idx_map", idx_map, torch.int64), ("sample_pos", sample_pos, torch.int64)):
-            _need(t is not None and t.dtype == dtype and t.shape == (B,), f"{name} must be [{B}] {dtype}")
+            _need(
+                t is not None and t.dtype == dtype and t.shape == (B,),
+                lambda name=name, dtype=dtype: f"{name} must be [{B}] {dtype}",
+            )
         _need(
             temperature is not None and temperature.dtype == torch.float32, "temperature must be fp32 [slots]"
         )
@@ -281,7 +289,7 @@ def draft_step(
         _need(gumbel, "logits_cache is written in Gumbel mode only (upstream's greedy path keeps none)")
         _need(
             logits_cache.dtype == base.dtype and logits_cache.shape[-1] >= V and logits_cache.stride(2) == 1,
-            f"logits_cache must be [slots, cols, >= {V}] {base.dtype}, unit last stride",
+            lambda: f"logits_cache must be [slots, cols, >= {V}] {base.dtype}, unit last stride",
         )
     fetch = markov_w1 is not None
     if fetch:
@@ -294,13 +302,17 @@ def draft_step(
             markov_w1.stride(1) == 1 and row_out.stride(1) == 1 and row_out.dtype == markov_w1.dtype,
             "markov_w1 and row_out need unit column stride and one dtype",
         )
-        _need(row_out.shape == (B, markov_w1.shape[1]), f"row_out must be [{B}, {markov_w1.shape[1]}]")
+        _need(
+            row_out.shape == (B, markov_w1.shape[1]), lambda: f"row_out must be [{B}, {markov_w1.shape[1]}]"
+        )
         _need(
             triton.next_power_of_2(markov_w1.shape[1]) == markov_w1.shape[1],
             "Markov rank must be a power of 2",
         )
     if best_out is not None:
-        _need(best_out.dtype == torch.float32 and best_out.shape == (B,), f"best_out must be [{B}] fp32")
+        _need(
+            best_out.dtype == torch.float32 and best_out.shape == (B,), lambda: f"best_out must be [{B}] fp32"
+        )
     if B == 0:
         return
     cache = logits_cache if logits_cache is not None else base
