@@ -6,6 +6,7 @@ do not stay in L2 either). Floor = minimal bytes / measured copy bandwidth + one
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -302,7 +303,9 @@ def main(out_dir: Path, ceilings: Ceilings) -> dict[str, object]:
         rows += r
         us_by_t[num_tokens] = us
     rows += side_rows(up, ceilings)
-    sweeps = [row for t in SWEEP_TOKENS for row in sweep(t, ceilings)]
+    # DEEPINFER_MHC_QUICK=1: the targets only (no config sweep), for a short device budget
+    quick = os.environ.get("DEEPINFER_MHC_QUICK") == "1"
+    sweeps = [] if quick else [row for t in SWEEP_TOKENS for row in sweep(t, ceilings)]
     return {
         "rows": [r.as_dict() for r in rows],
         "targets": [t.as_dict() for t in targets_of(us_by_t, rows)],
