@@ -6,6 +6,7 @@ Upstream runs from the carried bundle; its kernels use tl.float8e4nv, so this ne
 
 from __future__ import annotations
 
+import os
 import traceback
 from collections.abc import Callable
 
@@ -28,6 +29,8 @@ from deepinfer_sm80.testing.bench import (
 from deepinfer_sm80.testing.compare import MismatchError, assert_bitwise_equal
 from deepinfer_sm80.testing.inputs import avoid_seven_pow2, block_table, k_rows, page_pool
 
+# DEEPINFER_BENCH_QUICK=1: base / DeepInfer / upstream only (no tile or grid sweeps), for a short lease
+QUICK = os.environ.get("DEEPINFER_BENCH_QUICK") == "1"
 GATHER_TOKENS = (4_096, 16_384, 49_152, 131_072, 1_048_576)
 GATHER_BLOCK_SIZE = 128  # compressed cache, ratio 1: 128 states per 74,880-byte page (docs/FP8_DS_MLA.md)
 INSERT_TOKENS = (1, 4, 16, 64, 1_536, 4_096, 8_192)
@@ -175,7 +178,7 @@ def _insert_size(cu: object, tokens: int, ceilings: Ceilings, gen: torch.Generat
         "base": call(kvi.base_quantize_and_insert_k_cache),
         "upstream": call(cu.quantize_and_insert_k_cache),  # type: ignore[attr-defined]
     }
-    if tokens in SWEEP_INSERT_AT:
+    if tokens in SWEEP_INSERT_AT and not QUICK:
         for bt, nw in INSERT_SWEEP:
             impls[f"optimized[T{bt},w{nw}]"] = call(kvi.launch_insert, block_t=bt, num_warps=nw)
     timings = {
@@ -265,15 +268,17 @@ def _gather_size(cu: object, tokens: int, ceilings: Ceilings, gen: torch.Generat
         "upstream[max_gather_len=None]": call(upstream),
         "optimized[max_gather_len=None]": call(kvg.dequantize_and_gather_k_cache),
     }
-    # the first tuned form (NoPE and RoPE stored apart, byte-wise scales), beside the default
-    impls["optimized[split-store]"] = call(kvg.launch_gather, max_gather_len=tokens, one_store=False)
-    if tokens in (49_152, 131_072):  # persistent-style grids: fewer programs looping over tiles
+    if QUICK:
+        impls = {k: v for k, v in impls.items() if k in IMPL_OF}
+    else:  # the first tuned form (NoPE and RoPE stored apart, byte-wise scales), beside the default
+        impls["optimized[split-store]"] = call(kvg.launch_gather, max_gather_len=tokens, one_store=False)
+    if tokens in (49_152, 131_072) and not QUICK:  # persistent-style grids: fewer programs looping over tiles
         sms = torch.cuda.get_device_properties(0).multi_processor_count
         for per_sm in (6, 12, 24):
             impls[f"optimized[{per_sm} programs/SM]"] = call(
                 kvg.launch_gather, max_gather_len=tokens, max_programs=per_sm * sms
             )
-    if tokens in SWEEP_GATHER_AT:
+    if tokens in SWEEP_GATHER_AT and not QUICK:
         for bt, nw in GATHER_SWEEP:
             impls[f"optimized[T{bt},w{nw}]"] = call(
                 kvg.launch_gather, max_gather_len=tokens, block_t=bt, num_warps=nw
