@@ -61,6 +61,14 @@ uninstall-overlay:
 sm80-report: setup
 	$(PY) -m deepinfer_sm80.testing.sm80_report --json results/sm80-compile.json
 
+# The tiny random-weight DeepSeek-V4.1 checkpoint (docs/VALIDATE.md); VALIDATE_ARGS e.g. "--keep-going".
+# In the image (no venv): python3 scripts/validate.py. Exit 3 = incomplete (no GPU: CPU steps only).
+.PHONY: validate tiny-model
+tiny-model: setup
+	$(PY) scripts/make_tiny_v41.py --out $(CACHE)/tiny-v41
+validate: setup
+	$(PY) scripts/validate.py --out $(CACHE)/validate --model $(CACHE)/tiny-v41 $(VALIDATE_ARGS)
+
 # The pure-Python vLLM tree + dist-info + light wheels that let upstream kernels run on a GPU box
 # without vLLM or a package index (docs/VERIFYING.md).
 gpu-bundle: fetch-vllm

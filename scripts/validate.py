@@ -1,0 +1,407 @@
+"""`make validate`: prove the whole DeepInfer-SM80 path on the GPUs at hand in minutes, without the weights.
+
+    python scripts/validate.py [--out .cache/validate] [--model DIR] [--dry-run] [--keep-going]
+
+Steps, in order (docs/VALIDATE.md); each records pass / fail / skipped with its numbers:
+
+  CPU  1 environment      GPU(s), driver, capability, torch / triton / vLLM / our revision, binding rows
+  CPU  2 pipeline-plans   replication plans for 14,14,12, 20,20, 13,14,13, 8,12,20 (and the tiny model's)
+  CPU  3 tiny-checkpoint  build the tiny random-weight V4.1 checkpoint (scripts/make_tiny_v41.py)
+  CPU  4 tiny-loads       vLLM 0.32.0's config parser and weight loader take every tensor (CPU classes)
+  GPU  5 gpu-tests        the overlay's kernel tests, natively on this GPU
+  GPU  6 replication-gpu  pipeline replication round trip with CUDA tensors (two stage caches)
+  GPU  7 sm80-report      cross-compile report, rows of the detected arch
+  GPU  8 serve-tp1        real engine serving the tiny checkpoint, harness smoke A/B (base vs deepinfer)
+  GPU  9 serve-tp2 / serve-pp2 / serve-pp3   where the GPU count allows (PP splits that need replication)
+
+Without a CUDA GPU it runs the CPU steps, stops at the first GPU step and says so (exit 3).
+Exit: 0 every step ran and passed; 1 a step failed; 2 bad input; 3 incomplete (no GPU, or too few GPUs
+for a step is *not* incomplete: that step is skipped with its reason). One evidence JSON per run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_INCOMPLETE = 0, 1, 2, 3
+REFERENCE_PARTITIONS = ((14, 14, 12), (20, 20), (13, 14, 13), (8, 12, 20))
+# tiny model (6 layers: 0 SWA, 1-2 ratio 2, 3-5 ratio 1): splits that cross its sharing groups
+TINY_SERVE = (
+    ("serve-tp1", 1, 1, None),
+    ("serve-tp2", 2, 1, None),
+    ("serve-pp2", 1, 2, "4,2"),
+    ("serve-pp3", 1, 3, "2,2,2"),
+)
+
+
+@dataclass
+class Step:
+    name: str
+    needs_gpu: bool
+    status: str = "pending"  # pass | fail | skipped
+    seconds: float = 0.0
+    detail: dict = field(default_factory=dict)
+    reason: str = ""
+
+    def as_dict(self) -> dict:
+        return {
+            "name": self.name,
+            "needs_gpu": self.needs_gpu,
+            "status": self.status,
+            "seconds": round(self.seconds, 2),
+            "reason": self.reason,
+            **self.detail,
+        }
+
+
+def run(cmd: list[str], timeout: float, env: dict[str, str] | None = None) -> tuple[int, str]:
+    try:
+        p = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env={**os.environ, **(env or {})}
+        )
+    except subprocess.TimeoutExpired:
+        return 124, f"timed out after {timeout:.0f} s: {' '.join(cmd)}"
+    return p.returncode, (p.stdout + p.stderr)[-4000:]
+
+
+# ----------------------------------------------------------------------------- environment
+def gpus() -> list[dict]:
+    """Every CUDA GPU as torch sees it (empty without CUDA)."""
+    try:
+        import torch
+    except ImportError:
+        return []
+    if not torch.cuda.is_available():
+        return []
+    out = []
+    for i in range(torch.cuda.device_count()):
+        p = torch.cuda.get_device_properties(i)
+        out.append(
+            {
+                "index": i,
+                "name": p.name,
+                "capability": f"{p.major}.{p.minor}",
+                "memory_gib": round(p.total_memory / 2**30, 1),
+                "sm_count": p.multi_processor_count,
+            }
+        )
+    return out
+
+
+def driver() -> str:
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return "none (no nvidia-smi)"
+    code, out = run([smi, "--query-gpu=driver_version", "--format=csv,noheader"], 30)
+    return out.strip().splitlines()[0] if code == 0 and out.strip() else "unknown"
+
+
+def versions() -> dict:
+    out: dict = {"python": platform.python_version()}
+    for mod in ("torch", "triton", "vllm", "tilelang"):
+        try:
+            out[mod] = getattr(__import__(mod), "__version__", "?")
+        except Exception as err:  # an install that does not import is itself evidence
+            out[mod] = f"not importable ({type(err).__name__})"
+    code, sha = run(["git", "rev-parse", "HEAD"], 30)
+    out["deepinfer_git_sha"] = sha.strip() if code == 0 else os.environ.get("DEEPINFER_GIT_SHA", "unknown")
+    return out
+
+
+def step_environment(ctx: dict) -> dict:
+    detail = {"gpus": ctx["gpus"], "driver": driver(), "versions": versions(), "host": platform.node()}
+    try:
+        from deepinfer_sm80 import bindings
+
+        cap = int(ctx["gpus"][0]["capability"].replace(".", "")) if ctx["gpus"] else None
+        detail["bindings"] = bindings.describe(cap)
+    except Exception as err:
+        detail["bindings"] = f"unavailable: {type(err).__name__}: {err}"
+    return detail
+
+
+# ----------------------------------------------------------------------------- CPU steps
+def step_plans(ctx: dict) -> dict:
+    from deepinfer_sm80.integration.pp.plan import build_plan
+    from deepinfer_sm80.integration.pp.topology import Topology, v41_flash_fields
+
+    topo = Topology.from_config(v41_flash_fields())
+    plans = {}
+    for part in REFERENCE_PARTITIONS:
+        p = build_plan(topo, part)
+        plans[",".join(map(str, part))] = {
+            "needs_replication": p.needs_replication,
+            "payload_bytes_per_token": [p.payload_bytes_per_token(r) for r in range(len(part) - 1)],
+            "replica_kv_bytes_per_token": [p.replica_kv_bytes_per_token(r) for r in range(len(part))],
+        }
+    expect = {"14,14,12": [0, 8908], "20,20": [0], "13,14,13": [2632, 10956], "8,12,20": [0, 0]}
+    got = {k: v["payload_bytes_per_token"] for k, v in plans.items()}
+    if got != expect:
+        raise AssertionError(f"plan bytes {got} != hand-computed {expect}")
+    return {"plans": plans}
+
+
+def step_tiny(ctx: dict) -> dict:
+    import make_tiny_v41
+
+    manifest = make_tiny_v41.build(ctx["model"])
+    from deepinfer_sm80.integration.pp.plan import build_plan
+    from deepinfer_sm80.integration.pp.topology import Topology
+
+    topo = Topology.from_file(ctx["model"])
+    splits = {
+        p: build_plan(topo, tuple(int(x) for x in p.split(","))).to_dict()["stages"]
+        for _, _, pp, p in TINY_SERVE
+        if p
+    }
+    return {"manifest": manifest, "tiny_plans": {k: [s["needs"] for s in v] for k, v in splits.items()}}
+
+
+def step_tiny_loads(ctx: dict) -> dict:
+    script = ROOT / "scripts" / "make_tiny_v41.py"
+    cmd = [sys.executable, str(script), "--out", str(ctx["model"]), "--check", "--json"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, cwd=ROOT)
+    if p.returncode != 0:
+        lines = p.stderr.strip().splitlines()
+        raise AssertionError(lines[-1] if lines else f"exit {p.returncode}")
+    return {"load_check": json.loads(p.stdout.strip().splitlines()[-1])["load_check"]}
+
+
+# ----------------------------------------------------------------------------- GPU steps
+def step_gpu_tests(ctx: dict) -> dict:
+    junit = ctx["out"] / "gpu-tests.xml"
+    code, out = run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "overlay/tests",
+            f"--junitxml={junit}",
+        ],
+        3600,
+    )
+    tail = out.strip().splitlines()[-1] if out.strip() else ""
+    if code != 0:
+        raise AssertionError(f"overlay GPU tests: {tail}")
+    return {"summary": tail, "junit": str(junit)}
+
+
+def step_replication_gpu(ctx: dict) -> dict:
+    code, out = run(
+        [sys.executable, "-m", "deepinfer_sm80.integration.pp.gpu_roundtrip", "--out", str(ctx["out"])], 900
+    )
+    result = json.loads((ctx["out"] / "pp_roundtrip.json").read_text()) if code in (0, 1) else {}
+    if code != 0:
+        raise AssertionError(
+            f"replication round trip: {out.strip().splitlines()[-1] if out.strip() else code}"
+        )
+    return {"targets": result.get("targets", []), "timing": result.get("timing", [])}
+
+
+def step_sm80_report(ctx: dict) -> dict:
+    arch = int(ctx["gpus"][0]["capability"].replace(".", ""))
+    path = ctx["out"] / "sm80-compile.json"
+    code, out = run([sys.executable, "-m", "deepinfer_sm80.testing.sm80_report", "--json", str(path)], 1800)
+    rows = [k for k in json.loads(path.read_text())["kernels"] if k["arch"] == arch] if path.exists() else []
+    detail = {"arch": arch, "kernels": len(rows), "problems": [k for k in rows if k["problems"]][:10]}
+    if arch not in (80, 86):
+        detail["note"] = f"sm_{arch} is not an SM8x target; the report still compiles for sm_80 and sm_86"
+    if code != 0:
+        raise AssertionError(f"cross-compile report exit {code}: {out.strip().splitlines()[-1]}")
+    return detail
+
+
+def harness_command(
+    model: Path, tp: int, pp: int, partition: str | None, run_id: str, out: Path
+) -> tuple[list[str], dict]:
+    """The harness smoke A/B on the real engine: arm A sends every binding row to base, B as shipped."""
+    from deepinfer_sm80 import bindings
+
+    base_all = ",".join(b.name for b in bindings.BINDINGS)
+    env = {"VLLM_PP_LAYER_PARTITION": partition} if partition else {}
+    flags = [
+        "--enforce-eager",
+        "--max-num-seqs",
+        "8",
+        "--limit-mm-per-prompt",
+        '{"image": 0}',
+        "--gpu-memory-utilization",
+        "0.5",
+    ]
+    sets = {
+        "topology.tp": tp,
+        "topology.pp": pp,
+        "dtype": "bfloat16",
+        "kv_cache_dtype": "fp8_ds_mla",
+        "labels": {"A": "base", "B": "deepinfer"},
+        "ab.aa": False,
+        "env": {},
+        "serve_flags": flags,
+        "server.command": ["{python}", "-m", "vllm.entrypoints.cli.main", "serve"],
+        "server.nice": 0,
+        "server.env": env,
+        "server.variant_env": {"A": {"DEEPINFER_SM80_DISABLE": base_all}},
+    }
+    cmd = [
+        sys.executable,
+        "-m",
+        "deepinfer_harness",
+        "bench-ab",
+        "--profile",
+        "smoke",
+        "--model",
+        str(model),
+        "--run-id",
+        run_id,
+        "--fresh",
+        "--no-charts",
+        "--results",
+        str(out / "bench-ab"),
+    ]
+    for k, v in sets.items():
+        cmd += ["--set", f"{k}={json.dumps(v)}"]
+    return cmd, env
+
+
+def make_serve_step(name: str, tp: int, pp: int, partition: str | None) -> Callable[[dict], dict]:
+    def step(ctx: dict) -> dict:
+        need = tp * pp
+        if len(ctx["gpus"]) < need:
+            raise SkipStep(f"needs {need} GPUs, {len(ctx['gpus'])} present")
+        cmd, _ = harness_command(ctx["model"], tp, pp, partition, f"validate-{name}", ctx["out"])
+        code, out = run(cmd, 3600)
+        lines = [ln for ln in out.splitlines() if ln.strip()]
+        detail = {
+            "tp": tp,
+            "pp": pp,
+            "partition": partition,
+            "harness_exit": code,
+            "harness_tail": lines[-12:],
+        }
+        if code != 0:
+            raise AssertionError(f"{name}: harness exit {code}: {lines[-1] if lines else ''}")
+        return detail
+
+    return step
+
+
+class SkipStep(Exception):
+    """The step cannot run here (a reason, not a failure)."""
+
+
+def steps() -> list[tuple[Step, Callable[[dict], dict]]]:
+    out = [
+        (Step("environment", False), step_environment),
+        (Step("pipeline-plans", False), step_plans),
+        (Step("tiny-checkpoint", False), step_tiny),
+        (Step("tiny-loads", False), step_tiny_loads),
+        (Step("gpu-tests", True), step_gpu_tests),
+        (Step("replication-gpu", True), step_replication_gpu),
+        (Step("sm80-report", True), step_sm80_report),
+    ]
+    out += [(Step(n, True), make_serve_step(n, tp, pp, part)) for n, tp, pp, part in TINY_SERVE]
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default=".cache/validate", help="evidence directory (outside git by default)")
+    ap.add_argument(
+        "--model", default=".cache/tiny-v41", help="where the tiny checkpoint is (built if absent)"
+    )
+    ap.add_argument("--dry-run", action="store_true", help="print the GPU serving commands, run nothing")
+    ap.add_argument("--keep-going", action="store_true", help="run later steps after a failure")
+    ap.add_argument("--skip", default="", help="comma-separated step names to skip (e.g. tiny-loads)")
+    args = ap.parse_args(argv)
+    out, model = (ROOT / args.out).resolve(), (ROOT / args.model).resolve()
+    plan = steps()
+    skip = {s for s in args.skip.split(",") if s}
+    unknown = skip - {s.name for s, _ in plan}
+    if unknown:
+        print(f"error: --skip: unknown step(s) {sorted(unknown)}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.dry_run:
+        for name, tp, pp, part in TINY_SERVE:
+            cmd, env = harness_command(model, tp, pp, part, f"validate-{name}", out)
+            print(f"{name}: {' '.join(f'{k}={v}' for k, v in env.items())} {' '.join(cmd)}")
+        return EXIT_OK
+    out.mkdir(parents=True, exist_ok=True)
+    ctx = {"out": out, "model": model, "gpus": gpus()}
+    stopped = ""
+    failed = False
+    for step, fn in plan:
+        if step.name in skip:
+            step.status, step.reason = "skipped", "--skip"
+            continue
+        if failed and not args.keep_going:
+            step.status, step.reason = "skipped", "an earlier step failed"
+            continue
+        if step.needs_gpu and not ctx["gpus"]:
+            stopped = stopped or step.name
+            step.status, step.reason = "skipped", "no CUDA GPU: validation stops at the first GPU step"
+            continue
+        t0 = time.monotonic()
+        try:
+            step.detail = fn(ctx)
+            step.status = "pass"
+        except SkipStep as why:
+            step.status, step.reason = "skipped", str(why)
+        except Exception as err:
+            step.status, step.reason = "fail", f"{type(err).__name__}: {err}".splitlines()[0][:500]
+            failed = True
+        step.seconds = time.monotonic() - t0
+        why = f": {step.reason}" if step.reason else ""
+        print(f"[{step.status:>7}] {step.name} ({step.seconds:.1f} s){why}")
+    verdict = "fail" if failed else ("incomplete" if stopped else "pass")
+    targets = [
+        {
+            "name": s.name,
+            "measured": s.status,
+            "goal": "pass",
+            "unit": "status",
+            "met": s.status == "pass",
+            "cause": s.reason,
+        }
+        for s, _ in plan
+    ]
+    env_step = plan[0][0].detail
+    evidence = {
+        "schema": 1,
+        "what": "make validate evidence (attach to a bug report)",
+        "verdict": verdict,
+        "stopped_at": stopped or None,
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "gpus": ctx["gpus"],
+        "driver": env_step.get("driver"),
+        "versions": env_step.get("versions"),
+        "steps": [s.as_dict() for s, _ in plan],
+        "targets": targets,
+    }
+    host = (platform.node() or "host").replace("/", "_")
+    sha = (env_step.get("versions") or {}).get("deepinfer_git_sha", "unknown")[:7]
+    path = out / f"validate-{host}-{sha}.json"
+    path.write_text(json.dumps(evidence, indent=1, default=str))
+    if stopped:
+        print(f"INCOMPLETE: no CUDA GPU here; the CPU steps ran and validation stopped at '{stopped}'")
+    print(f"verdict {verdict}; evidence: {path}")
+    return {"pass": EXIT_OK, "fail": EXIT_FAIL, "incomplete": EXIT_INCOMPLETE}[verdict]
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
