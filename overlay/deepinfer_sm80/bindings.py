@@ -24,6 +24,9 @@ LEVEL_MARKER = "vllm.deepinfer_sm80_level"  # created by patch 01 only
 ENV_DISABLE = "DEEPINFER_SM80_DISABLE"  # comma-separated row names sent back to base
 ENV_FORCE_CAPABILITY = "DEEPINFER_SM80_FORCE_CAPABILITY"  # e.g. 80: route an H200 through the SM8x rows
 LEVELS = ("base", "optimized")
+# Optimizations that are not a replaced symbol (issue 16), on at the optimized level; DEEPINFER_SM80_DISABLE
+# accepts these names too. yoco_metadata: shared-KV prefill rows built once per key (integration/yoco.py).
+FEATURES = ("yoco_metadata",)
 
 
 @dataclass(frozen=True)
@@ -230,6 +233,17 @@ BINDINGS: tuple[Binding, ...] = (
         wrap=True,
         why="the Engram table is read through an fp8 pointer; the stand-in reads bytes, decodes in software",
     ),
+    # ---- issue 16: patch 01's shared-KV metadata (integration/yoco.py, docs/PATCH_01.md)
+    Binding(
+        name="workspace_generation",
+        module="vllm.v1.worker.workspace",
+        symbol="WorkspaceManager.get_simultaneous",
+        base=None,
+        optimized="deepinfer_sm80.integration.yoco:count_get_simultaneous",
+        wrap=True,
+        why="counts scratch hand-outs, so a shared-KV layer reuses the compressed gather of the layer "
+        "before it only when nothing else (MoE, indexer) took the workspace since; same views returned",
+    ),
     # mHC boundaries (docs/MHC.md): upstream's TileLang kernels build real sm_80/sm_86 code, so the base
     # level keeps them; the optimized level takes ours (same names and signatures as 0.32.0).
     Binding(
@@ -316,11 +330,25 @@ def disabled_names(environ: MutableMapping[str, str] | None = None) -> frozenset
     """Row names in DEEPINFER_SM80_DISABLE; an unknown name is an error (a typo must not pass silently)."""
     raw = (environ if environ is not None else os.environ).get(ENV_DISABLE, "")
     names = frozenset(n.strip() for n in raw.split(",") if n.strip())
-    unknown = names - {b.name for b in BINDINGS}
+    unknown = names - {b.name for b in BINDINGS} - set(FEATURES)
     if unknown:
         known = ", ".join(sorted(b.name for b in BINDINGS))
-        raise ValueError(f"{ENV_DISABLE}: unknown binding(s) {sorted(unknown)}; known: {known}")
+        raise ValueError(
+            f"{ENV_DISABLE}: unknown binding(s) {sorted(unknown)}; known: {known}; "
+            f"features: {', '.join(FEATURES)}"
+        )
     return names
+
+
+def feature_enabled(name: str, environ: MutableMapping[str, str] | None = None) -> bool:
+    """A FEATURES entry is on at the optimized level unless DEEPINFER_SM80_DISABLE names it."""
+    if name not in FEATURES:
+        raise ValueError(f"unknown feature {name!r}; expected one of {FEATURES}")
+    return active_level() == "optimized" and name not in disabled_names(environ)
+
+
+def feature_states(environ: MutableMapping[str, str] | None = None) -> dict[str, bool]:
+    return {name: feature_enabled(name, environ) for name in FEATURES}
 
 
 def row_applies(row: Binding, capability: int | None) -> bool:
@@ -411,6 +439,7 @@ def rebind(namespace: MutableMapping[str, Any], module_name: str) -> dict[str, s
         impl = resolve(target)
         _set(namespace, row.symbol, impl(original) if row.wrap else impl)
     _log_once(module_name, capability, chosen)
+    _log_features_once(capability, chosen)
     return chosen
 
 
@@ -421,6 +450,18 @@ def _log_once(module_name: str, capability: int | None, chosen: dict[str, str | 
     parts = ", ".join(f"{name}={target or 'upstream'}" for name, target in chosen.items())
     level = active_level()
     LOG.info("DeepInfer-SM80 level %s on capability %s: %s: %s", level, capability, module_name, parts)
+
+
+_FEATURES_LOGGED: list[bool] = []
+
+
+def _log_features_once(capability: int | None, chosen: dict[str, str | None]) -> None:
+    """The feature set, once per process, beside the first module whose rows apply (SM8x only)."""
+    if _FEATURES_LOGGED or not chosen:
+        return
+    _FEATURES_LOGGED.append(True)
+    parts = ", ".join(f"{name}={'on' if on else 'off'}" for name, on in feature_states().items())
+    LOG.info("DeepInfer-SM80 level %s on capability %s: features: %s", active_level(), capability, parts)
 
 
 def describe(capability: int | None, level: str | None = None) -> list[dict[str, str | None]]:

@@ -45,6 +45,7 @@ from vllm.v1.attention.backends.mla.sparse_swa import DeepseekSparseSWABackend, 
 from vllm.v1.attention.ops import rocm_aiter_mla_sparse as sparse_ops
 from vllm.v1.worker.workspace import current_workspace_manager
 
+from deepinfer_sm80.integration import yoco
 from deepinfer_sm80.integration.attention_select import BACKEND_NAME
 from deepinfer_sm80.ops.o_proj import dequant_block_fp8, wo_a_bmm
 
@@ -151,6 +152,7 @@ class DeepinferSM8xAttention(DeepseekV4Attention):
             ((self.max_num_batched_tokens, combined), torch.int32),
             ((self.max_num_batched_tokens,), torch.int32),
         )
+        yoco.reserve(self, combined, current_workspace_manager())  # shared-KV rows (issue 16)
 
     def forward_mqa(
         self, q: torch.Tensor, kv: torch.Tensor, positions: torch.Tensor, output: torch.Tensor
@@ -257,6 +259,9 @@ class DeepinferSM8xAttention(DeepseekV4Attention):
             has_compressed=not swa_only,
         )
         combined_width = round_up(top_k + self.window_size, 128)
+        share = yoco.open_prefill(  # shared-KV metadata, built once per key (issue 16; pass-through at base)
+            self, swa, cmeta, compressed, plan, top_k, combined_width, current_workspace_manager()
+        )
         for start, end, chunk_n, chunk_m in plan:
             size = end - start
             kv, idx_out, len_out = current_workspace_manager().get_simultaneous(
@@ -264,7 +269,7 @@ class DeepinferSM8xAttention(DeepseekV4Attention):
                 ((self.max_num_batched_tokens, combined_width), torch.int32),
                 ((self.max_num_batched_tokens,), torch.int32),
             )
-            if not swa_only:
+            if not swa_only and not share.compressed_gathered(kv, (start, end, chunk_n, chunk_m)):
                 assert cmeta is not None
                 dequantize_and_gather_k_cache(
                     kv[:size],
@@ -285,7 +290,11 @@ class DeepinferSM8xAttention(DeepseekV4Attention):
                 offset=chunk_n,
             )
             q0, q1 = int(qsl_cpu[n_dec + start] - base), int(qsl_cpu[n_dec + end] - base)
-            indices, lens = combine_topk_swa_indices(
+            indices, lens = share.combine(
+                combine_topk_swa_indices,
+                (start, end, chunk_n, chunk_m),
+                q0,
+                q1,
                 topk_indices[q0:q1],
                 qsl[n_dec + start : n_dec + end + 1],
                 seq_lens[start:end],
