@@ -202,3 +202,56 @@ def test_routing_decisions(patched_vllm, capability: int) -> None:
     else:  # 9.0: upstream's selection and probes, untouched
         assert got["attn_cls"] == "upstream"
         assert got["logits"] == ["upstream", "upstream"]
+
+
+# ----------------------------------------------------------------------------- upstream's own choices
+# The paths patch 00 keeps (vLLM's Ampere paths): with vLLM's platform answering as a CUDA GPU of the
+# given capability, upstream's selection code picks persistent top-k, Marlin FP8 and Marlin MoE on
+# 8.0/8.6 and the SM90 paths on 9.0. Not evaluable on a CPU (docs/BLOCKERS.md): the compiled predicate
+# CUTLASS_BLOCK_FP8_SUPPORTED (cap >= 90 in the wheel's host code) and DeepGEMM's availability.
+_UPSTREAM_PATHS = r"""
+import json, os, torch
+from unittest import mock
+from vllm.platforms import current_platform
+from vllm.platforms.interface import DeviceCapability, PlatformEnum
+from vllm.model_executor.layers.indexer_topk import SparseIndexerTopk
+from vllm.model_executor.kernels.linear.scaled_mm.marlin import MarlinFP8ScaledMMLinearKernel
+from vllm.model_executor.layers.fused_moe.experts.marlin_moe import MarlinExperts
+from vllm.model_executor.layers.fused_moe.oracle import mxfp4
+cap = int(os.environ["DEEPINFER_SM80_FORCE_CAPABILITY"])
+cls = type(current_platform)  # modules imported first: the fake platform only answers the selection
+patches = [
+    mock.patch.object(cls, "get_device_capability", classmethod(lambda c, device_id=0: DeviceCapability(cap // 10, cap % 10))),
+    mock.patch.object(cls, "is_cuda", classmethod(lambda c: True)),
+    mock.patch.object(cls, "is_cpu", classmethod(lambda c: False)),
+    mock.patch.object(cls, "is_rocm", classmethod(lambda c: False)),
+    mock.patch.object(cls, "is_xpu", classmethod(lambda c: False)),
+    mock.patch.object(current_platform, "_enum", PlatformEnum.CUDA),
+]
+for p in patches:
+    p.start()
+topk = SparseIndexerTopk("auto")
+out = {
+    "decode_topk": topk._resolve_auto(torch.empty(4, 4096), 512, 4),
+    "marlin_fp8": MarlinFP8ScaledMMLinearKernel.is_supported(cap)[0],
+    "marlin_moe_device": MarlinExperts._supports_current_device(),
+    "moe_priority": [b.name for b in mxfp4._get_priority_backends()],
+}
+print("PROBE" + json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("capability", CAPABILITIES)
+def test_upstream_ampere_paths_are_chosen(patched_vllm, capability: int) -> None:
+    dest, level = patched_vllm
+    if level != "base":
+        pytest.skip("level-independent; checked once")
+    got = _probe(dest, capability, _UPSTREAM_PATHS)
+    assert got["marlin_fp8"] is True and got["marlin_moe_device"] is True
+    prio = got["moe_priority"]
+    if capability < 90:
+        assert got["decode_topk"] == "persistent"  # cooperative top-k needs SM90+
+        assert prio.index("MARLIN") < prio.index("HUMMING")  # Humming is preferred only on SM90
+    else:
+        assert got["decode_topk"] == "cooperative"
+        assert prio.index("HUMMING") < prio.index("MARLIN")
