@@ -373,3 +373,17 @@ def test_harness_command_is_made_runnable_without_gpu():
         "serve",
         "--help=all",
     ]
+
+
+def test_selftest_hook_detection_and_level_prefixes():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("image_selftest", DOCKER / "selftest.py")
+    selftest = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(selftest)
+    hook = "from deepinfer_sm80.bindings import rebind; rebind(globals(), __name__)  # noqa: E402, E702"
+    assert selftest._is_hook(hook) and selftest._is_hook("rebind(globals(), __name__)")
+    assert not selftest._is_hook("# rebind(globals(), __name__)")
+    assert not selftest._is_hook("x = 1  # rebind(globals(), __name__)")
+    assert selftest.LEVEL_PREFIXES == {"base": ("00-",), "optimized": ("00-", "01-")}
+    assert selftest.load_pins(DOCKER / "versions.env") == load_pins()
