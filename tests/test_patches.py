@@ -221,7 +221,9 @@ from vllm.model_executor.layers.fused_moe.oracle import mxfp4
 cap = int(os.environ["DEEPINFER_SM80_FORCE_CAPABILITY"])
 cls = type(current_platform)  # modules imported first: the fake platform only answers the selection
 patches = [
-    mock.patch.object(cls, "get_device_capability", classmethod(lambda c, device_id=0: DeviceCapability(cap // 10, cap % 10))),
+    mock.patch.object(
+        cls, "get_device_capability", classmethod(lambda c, device_id=0: DeviceCapability(*divmod(cap, 10)))
+    ),
     mock.patch.object(cls, "is_cuda", classmethod(lambda c: True)),
     mock.patch.object(cls, "is_cpu", classmethod(lambda c: False)),
     mock.patch.object(cls, "is_rocm", classmethod(lambda c: False)),
