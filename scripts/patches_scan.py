@@ -27,6 +27,7 @@ sys.path.insert(0, str(ROOT / "overlay"))
 DRIVERS = (
     "overlay/tests/integration/test_sm8x_attention.py",
     "overlay/tests/integration/test_pack_seq.py",
+    "overlay/tests/integration/test_o_proj_upstream.py",
     "overlay/tests/ops/test_compress_insert.py",
     "overlay/tests/ops/test_engram.py",
 )
