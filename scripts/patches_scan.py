@@ -24,10 +24,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "overlay"))
 
+# tests that drive the SM8x path; comparison tests that launch upstream's fp8 kernels as the reference
+# (test_o_proj_upstream.py, the *_upstream_* GPU cases) are not drivers
 DRIVERS = (
     "overlay/tests/integration/test_sm8x_attention.py",
     "overlay/tests/integration/test_pack_seq.py",
-    "overlay/tests/integration/test_o_proj_upstream.py",
     "overlay/tests/ops/test_compress_insert.py",
     "overlay/tests/ops/test_engram.py",
 )
