@@ -206,6 +206,18 @@ BINDINGS: tuple[Binding, ...] = (
         why="DeepGEMM paged fp8 MQA logits (JIT, SM90+); looked up at call time in sparse_attn_indexer",
     ),
     Binding(
+        name="indexer_stream",
+        module="vllm.model_executor.layers.sparse_attn_indexer",
+        symbol="SparseAttnIndexer.forward_cuda",
+        base=None,
+        optimized="deepinfer_sm80.integration.indexer_stream:wrap_forward_cuda",
+        wrap=True,
+        why="streamed logits + running top-k (bounded workspace, candidate-only 24..36) in place of "
+        "logits -> candidates -> top-k; sparse_attn_indexer is registered as vllm::sparse_attn_indexer "
+        "while its module executes, so the hook cannot reach it: forward_cuda, which every dispatch of "
+        "the layer looks up on the class, builds its arguments; upstream's op runs where ours does not apply",
+    ),
+    Binding(
         name="pack_seq",
         module="vllm.v1.attention.ops.common",
         symbol="pack_seq_triton",
