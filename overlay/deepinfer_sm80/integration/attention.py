@@ -21,6 +21,7 @@ row (integration/attention_select.py: nvidia/model.py), which the DSpark draft l
 
 from __future__ import annotations
 
+import logging
 import types
 from typing import Any, cast
 
@@ -48,6 +49,8 @@ from vllm.v1.worker.workspace import current_workspace_manager
 from deepinfer_sm80.integration import yoco
 from deepinfer_sm80.integration.attention_select import BACKEND_NAME
 from deepinfer_sm80.ops.o_proj import dequant_block_fp8, wo_a_bmm
+
+LOG = logging.getLogger("deepinfer_sm80")
 
 
 class DeepinferSM8xSparseMLABackend(DeepseekV4SparseMLABackend):
@@ -112,6 +115,25 @@ def keep_bf16_wo_a(wo_a: torch.nn.Module) -> None:
     method.process_weights_after_loading = types.MethodType(process_weights_after_loading, method)
 
 
+def without_bounded_replay(vllm_config: Any) -> bool:
+    """Turn SWA bounded replay off (returns whether it was on), as upstream does on ROCm.
+
+    With replay, prefill rows below `replay_start` have no window KV; FlashMLA's and FlashInfer's prefill
+    kernels clamp the window to it, the Triton sparse-MLA prefill does not (upstream's ROCm layer turns
+    replay off for the same reason, attention.py:548). Every V4.1 layer reads the flag in __init__, and
+    the model enables replay only if the layers' SWA caches say so (nvidia/model.py:809).
+    """
+    cache_config = vllm_config.cache_config
+    if not cache_config.swa_bounded_replay:
+        return False
+    cache_config.swa_bounded_replay = False
+    LOG.warning(
+        "DeepInfer-SM80: SWA bounded replay is off on SM8x (the Triton sparse-MLA prefill does not clamp "
+        "the window to replay_start); the sliding-window cache takes part in prefix caching instead"
+    )
+    return True
+
+
 class DeepinferSM8xAttention(DeepseekV4Attention):
     """DeepSeek-V4.1 attention on SM80/SM86 (see the module docstring)."""
 
@@ -119,6 +141,7 @@ class DeepinferSM8xAttention(DeepseekV4Attention):
     swa_backend_cls = DeepinferSM8xSWABackend
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        without_bounded_replay(args[0] if args else kwargs["vllm_config"])
         super().__init__(*args, **kwargs)
         # no BMM linear kernel for wo_a: its weight becomes bf16 at load time (keep_bf16_wo_a)
         self.wo_a.is_bmm = False

@@ -70,6 +70,14 @@ def sm8x():
     mp.undo()
 
 
+@pytest.fixture(scope="module")
+def sm8x_import():
+    """The integration module on its own (no kernels run): needs only vLLM's Python."""
+    from deepinfer_sm80.integration import attention as sa
+
+    return sa
+
+
 def make_layer(sa, heads: int, ratio: int, topk: int, max_model_len: int, gen: torch.Generator):
     layer = sa.DeepinferSM8xAttention.__new__(sa.DeepinferSM8xAttention)
     torch.nn.Module.__init__(layer)
@@ -271,3 +279,37 @@ def test_dummy_run_zeroes_output_and_reserves(sm8x, monkeypatch) -> None:
     assert bool((out == 0).all())
     n = layer.max_model_len // 2
     assert asked[0] == ((layer.PREFILL_CHUNK_SIZE, n + WINDOW + 64, 512), torch.bfloat16)
+
+
+def test_bounded_replay_is_turned_off(sm8x_import) -> None:
+    cfg = types.SimpleNamespace(cache_config=types.SimpleNamespace(swa_bounded_replay=True))
+    assert sm8x_import.without_bounded_replay(cfg) is True
+    assert cfg.cache_config.swa_bounded_replay is False
+    assert sm8x_import.without_bounded_replay(cfg) is False
+
+
+def test_wo_a_is_dequantized_at_load_instead_of_repacked(sm8x_import) -> None:
+    """Only this module's process_weights_after_loading is replaced; other layers keep upstream's."""
+    from deepinfer_sm80.ops.o_proj import dequant_block_fp8
+
+    calls = []
+
+    class Method:
+        def process_weights_after_loading(self, layer):
+            calls.append(layer)  # stands for Marlin's repack
+
+    gen = generator("wo-a-load")
+    shared = Method()
+    wo_a, other = torch.nn.Module(), torch.nn.Module()
+    codes = torch.randint(0, 126, (256, 256), dtype=torch.uint8, generator=gen)
+    wo_a.weight = torch.nn.Parameter(codes.view(torch.float8_e4m3fn), requires_grad=False)
+    wo_a.weight_scale_inv = torch.nn.Parameter(
+        torch.exp2(torch.randint(-8, 2, (2, 2), generator=gen).float())
+    )
+    wo_a.quant_method = other.quant_method = shared
+    sm8x_import.keep_bf16_wo_a(wo_a)
+    shared.process_weights_after_loading(wo_a)
+    shared.process_weights_after_loading(other)
+    assert calls == [other]  # wo_a skipped the repack, the other layer did not
+    assert wo_a.weight.dtype == torch.bfloat16
+    assert torch.equal(wo_a.weight, dequant_block_fp8(codes.view(torch.float8_e4m3fn), wo_a.weight_scale_inv))
