@@ -473,7 +473,8 @@ def _log_features_once(capability: int | None, chosen: dict[str, str | None]) ->
         return
     _FEATURES_LOGGED.append(True)
     parts = ", ".join(f"{name}={'on' if on else 'off'}" for name, on in feature_states().items())
-    LOG.info("DeepInfer-SM80 level %s on capability %s: features: %s", active_level(), capability, parts)
+    level = active_level()
+    LOG.info("DeepInfer-SM80 features at the %s level on capability %s: %s", level, capability, parts)
 
 
 def describe(capability: int | None, level: str | None = None) -> list[dict[str, str | None]]:

@@ -148,3 +148,43 @@ def test_replacements_keep_upstream_signatures(row):
         if target is not None:
             got = inspect.signature(bt.resolve(target), eval_str=True)
             assert list(got.parameters) == list(want.parameters), f"{row.name} {level}: {got} != {want}"
+
+
+# ----------------------------------------------------------------------------- features (issue 16)
+def test_feature_follows_level_and_disable(monkeypatch):
+    monkeypatch.delenv(bt.ENV_DISABLE, raising=False)
+    assert bt.feature_enabled("yoco_metadata") is False  # base level: no patch 01
+    monkeypatch.setitem(importlib.sys.modules, bt.LEVEL_MARKER, SimpleNamespace(LEVEL="optimized"))
+    assert bt.feature_enabled("yoco_metadata") is True
+    monkeypatch.setenv(bt.ENV_DISABLE, "kv_gather, yoco_metadata")
+    assert bt.feature_enabled("yoco_metadata") is False
+    assert bt.feature_states() == {"yoco_metadata": False}
+    # a feature name is not a row: selection is unchanged for rows not named
+    assert "kv_gather" in bt.disabled_names() and "yoco_metadata" in bt.disabled_names()
+
+
+def test_unknown_feature_is_an_error(monkeypatch):
+    with pytest.raises(ValueError, match="unknown feature"):
+        bt.feature_enabled("yoco")
+    monkeypatch.setenv(bt.ENV_DISABLE, "yoco")
+    with pytest.raises(ValueError, match=r"unknown binding.*yoco.*features: yoco_metadata"):
+        bt.disabled_names()
+
+
+def test_feature_state_logged_once(table, caplog):
+    table.setenv(bt.ENV_FORCE_CAPABILITY, "80")
+    table.setattr(bt, "_FEATURES_LOGGED", [])
+    table.setitem(importlib.sys.modules, bt.LEVEL_MARKER, SimpleNamespace(LEVEL="optimized"))
+    with caplog.at_level(logging.INFO, logger="deepinfer_sm80"):
+        bt.rebind(_namespace(), MODULE)
+        bt.rebind(_namespace(), MODULE)
+    lines = [r.message for r in caplog.records if "features at" in r.message]
+    assert lines == ["DeepInfer-SM80 features at the optimized level on capability 80: yoco_metadata=on"]
+
+
+def test_features_not_logged_where_no_row_applies(table, caplog):
+    table.setenv(bt.ENV_FORCE_CAPABILITY, "90")
+    table.setattr(bt, "_FEATURES_LOGGED", [])
+    with caplog.at_level(logging.INFO, logger="deepinfer_sm80"):
+        bt.rebind({"f": 1, "g": 2, "Cls": object}, "tests.other_module")
+    assert not any("features at" in r.message for r in caplog.records)
