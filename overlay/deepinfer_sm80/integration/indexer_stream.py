@@ -14,8 +14,8 @@ sequence with one call of `indexer_topk_prefill` / `indexer_topk_decode`. The re
 writes: request-local columns, -1 padded; sets equal, order best first, ties to the lowest column.
 
 Where the streamed path does not apply, upstream's own op runs unchanged (`fallback_reason`): traced by
-torch.compile, MXFP4 cache, unfused K insert, context parallel, profile runs, TP row-sharded prefill
-without candidates, padded decode, decode without tokens. attention.py's short-context shortcut runs
+torch.compile, MXFP4 cache, unfused K insert, context parallel, profile runs, padded decode, decode
+without tokens. attention.py's short-context shortcut runs
 before the layer is called and is not touched.
 """
 
@@ -63,11 +63,8 @@ def static_reason(layer: Any, q_quant: Any) -> str | None:
     return None
 
 
-def fallback_reason(metadata: Any, candidate_blocks: torch.Tensor | None) -> str | None:
+def fallback_reason(metadata: Any) -> str | None:
     """Why this step stays upstream's, from host-side metadata only (no device sync)."""
-    prefill = metadata.prefill if metadata.num_prefills > 0 else None
-    if prefill is not None and prefill.row_shard_sizes is not None and candidate_blocks is None:
-        return "TP row-sharded prefill (rows are exchanged after upstream's per-rank top-k)"
     if metadata.num_decodes > 0:
         decode = metadata.decode
         tokens = metadata.num_decode_tokens
@@ -138,7 +135,7 @@ def sparse_attn_indexer_stream(
     reason = "profile or dummy run (upstream reserves its workspace)"
     if isinstance(attn_metadata, dict):
         metadata = attn_metadata[_resolve_layer_name(k_cache_prefix)]
-        reason = fallback_reason(metadata, candidate_blocks)
+        reason = fallback_reason(metadata)
     if reason is not None:
         _note(reason)
         return _upstream_op()(**args)
@@ -202,6 +199,11 @@ def _prefill(
         total_seq_lens, head_dim, current_platform.fp8_dtype(), False
     )
     k_full, scale_full = current_workspace_manager().get_simultaneous(values_spec, scales_spec)
+    # TP > 1: each rank scores its own row window and the ranks exchange the final indices, as upstream
+    # (candidate rows stay replicated)
+    row_shard = None
+    if candidate_blocks is None:
+        row_shard = upstream.PrefillRowShard.from_metadata(metadata.prefill, metadata.num_decode_tokens)
     for chunk in metadata.prefill.chunks:
         k8 = k_full[: chunk.max_local_total_seq_lens]  # [N, 128] e4m3
         k_scale = scale_full[: chunk.max_local_total_seq_lens]  # [N, 4] bytes of one fp32
@@ -209,23 +211,30 @@ def _prefill(
             ops.cp_gather_indexer_k_quant_cache(
                 kv_cache, k8, k_scale, chunk.block_table, chunk.local_cu_seq_lens
             )
-        rows = slice(chunk.token_start, chunk.token_end)
-        out = topk_indices_buffer[rows, :topk_tokens]
+        start, end, ks, ke = chunk.token_start, chunk.token_end, chunk.cu_seqlen_ks, chunk.cu_seqlen_ke
+        if row_shard is not None:
+            narrowed = row_shard.narrow(chunk)
+            if narrowed is None:
+                continue
+            start, end, ks, ke = narrowed
+        out = topk_indices_buffer[start:end, :topk_tokens]
         if chunk.local_total_seq_lens == 0 or out.shape[0] == 0:
             out.fill_(-1)
             continue
         stream.indexer_topk_prefill(
-            q_quant[rows],
-            weights[rows],
+            q_quant[start:end],
+            weights[start:end],
             k8,
             k_scale.view(torch.float32).squeeze(-1),
-            chunk.cu_seqlen_ks,
-            chunk.cu_seqlen_ke,
+            ks,
+            ke,
             out,
-            candidate_blocks=candidate_blocks[rows] if candidate_blocks is not None else None,
+            candidate_blocks=candidate_blocks[start:end] if candidate_blocks is not None else None,
             chunk_max=PREFILL_CHUNK_MAX,
             **kw,
         )
+    if row_shard is not None:
+        row_shard.exchange_topk(topk_indices_buffer, topk_tokens)
 
 
 def _decode(

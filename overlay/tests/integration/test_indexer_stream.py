@@ -377,6 +377,34 @@ def test_candidate_source_and_consumer(sai, standins, streamed_calls) -> None:
         assert all(x // 8 in blocks for x in o_use[i].tolist() if x >= 0), f"row {i} outside its candidates"
 
 
+def test_tp_row_sharded_prefill(sai, standins, monkeypatch) -> None:
+    """TP > 1 without candidates: each rank streams its own row window of the prefill rows and the
+    final indices are exchanged (upstream's PrefillRowShard). Two ranks in turn; the fake exchange
+    returns this rank's rows and the unsharded base rows for the other rank."""
+    mod, fcs = sai
+    batch = make_batch("is-rowshard")
+    ref = run_layer(mod, fcs["base"], batch, "8", None, False)  # unsharded, upstream's flow
+    n_dec = batch.metadata.num_decode_tokens
+    sizes = [6, batch.tokens - n_dec - 6]  # rank 0 ends inside the first chunk
+    bounds = [n_dec, n_dec + sizes[0], batch.tokens]
+    batch.metadata.prefill.row_shard_sizes = sizes
+    for rank in (0, 1):
+        sent: list[torch.Tensor] = []
+
+        def all_gatherv(local, dim=0, sizes=None, _r=rank, _sent=sent):
+            _sent.append(local.clone())
+            return torch.cat(
+                [local if r == _r else ref[bounds[r] : bounds[r + 1], : local.shape[1]] for r in (0, 1)]
+            )
+
+        monkeypatch.setattr(mod, "get_tensor_model_parallel_rank", lambda _r=rank: _r)
+        monkeypatch.setattr(mod, "get_tp_group", lambda _g=all_gatherv: types.SimpleNamespace(all_gatherv=_g))
+        got = run_layer(mod, fcs["optimized"], batch, "8", None, False)
+        assert len(sent) == 1, "one exchange per call"
+        assert_same_rows(f"rank {rank} own rows", sent[0], ref[bounds[rank] : bounds[rank + 1]], batch.name)
+        assert_same_rows(f"rank {rank} buffer", got, ref, batch.name)
+
+
 def test_fallbacks_call_upstreams_op(sai, monkeypatch) -> None:
     """Profile runs and padded decode go to upstream's op with the arguments unchanged."""
     from vllm.forward_context import ForwardContext, override_forward_context
@@ -397,4 +425,4 @@ def test_fallbacks_call_upstreams_op(sai, monkeypatch) -> None:
             assert fcs["optimized"](layer, torch.empty(batch.tokens, 8), q8, None, w) is buf
     assert len(seen) == 2 and all(kw["q_quant"] is q8 and kw["topk_indices_buffer"] is buf for kw in seen)
     assert bool((buf == -7).all()), "the streamed path did not run"
-    assert ist.fallback_reason(batch.metadata, None) is not None
+    assert ist.fallback_reason(batch.metadata) is not None
