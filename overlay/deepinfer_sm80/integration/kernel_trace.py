@@ -89,10 +89,20 @@ def describe_launch(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> d
     }
 
 
+def trace_only() -> bool:
+    """DEEPINFER_KERNEL_TRACE_ONLY=1 under the interpreter: record launches without running them (for
+    production shapes, whose interpretation would take hours; outputs are then left unwritten)."""
+    import os
+
+    return os.environ.get("DEEPINFER_KERNEL_TRACE_ONLY") == "1" and os.environ.get("TRITON_INTERPRET") == "1"
+
+
 @contextlib.contextmanager
 def record(path: Path) -> Iterator[None]:
     """Append a JSON line to `path` for every distinct kernel launch inside the block."""
     from triton.runtime import interpreter, jit
+
+    skip = trace_only()
 
     seen: set[str] = set()
     if path.exists():
@@ -114,6 +124,8 @@ def record(path: Path) -> Iterator[None]:
                         seen.add(line)
                         with path.open("a") as fh:
                             fh.write(line + "\n")
+            if skip:
+                return None
             return orig(self, *args, **kwargs)
 
         setattr(cls, attr, run)
