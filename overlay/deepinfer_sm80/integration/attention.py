@@ -46,7 +46,7 @@ from vllm.v1.attention.backends.mla.sparse_swa import DeepseekSparseSWABackend, 
 from vllm.v1.attention.ops import rocm_aiter_mla_sparse as sparse_ops
 from vllm.v1.worker.workspace import current_workspace_manager
 
-from deepinfer_sm80.integration import yoco
+from deepinfer_sm80.integration import warmup, yoco
 from deepinfer_sm80.integration.attention_select import BACKEND_NAME
 from deepinfer_sm80.ops.o_proj import dequant_block_fp8, wo_a_bmm
 
@@ -146,6 +146,7 @@ class DeepinferSM8xAttention(DeepseekV4Attention):
         # no BMM linear kernel for wo_a: its weight becomes bf16 at load time (keep_bf16_wo_a)
         self.wo_a.is_bmm = False
         keep_bf16_wo_a(self.wo_a)
+        warmup.register_layer(self, args[0] if args else kwargs["vllm_config"])  # optimized level (issue 16)
 
     @classmethod
     def get_padded_num_q_heads(cls, num_heads: int) -> int:
