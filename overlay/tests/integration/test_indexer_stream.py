@@ -426,3 +426,24 @@ def test_fallbacks_call_upstreams_op(sai, monkeypatch) -> None:
     assert len(seen) == 2 and all(kw["q_quant"] is q8 and kw["topk_indices_buffer"] is buf for kw in seen)
     assert bool((buf == -7).all()), "the streamed path did not run"
     assert ist.fallback_reason(batch.metadata) is not None
+
+
+def test_dense_mha_batch_leaves_the_buffer(sai, standins, streamed_calls, monkeypatch) -> None:
+    """When the main MLA runs the batch as dense MHA, both levels return the buffer untouched."""
+    from vllm.forward_context import ForwardContext, override_forward_context
+
+    mod, fcs = sai
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)  # CPU torch has no CUDA
+    batch = make_batch("is-dense-mha")
+    mla = types.SimpleNamespace(prefill=types.SimpleNamespace(use_dense_mha=True), num_decode_tokens=0)
+    for level, fc in fcs.items():
+        buf = torch.full((batch.tokens, K), -7, dtype=torch.int32)
+        layer = make_layer(mod, batch, "p", buf, None, False)
+        layer.dense_mha_metadata_layer_name = "model.layers.2.attn"
+        meta = {"p": batch.metadata, "model.layers.2.attn": mla}
+        ctx = ForwardContext(no_compile_layers={}, attn_metadata=meta, slot_mapping={})
+        q8 = torch.zeros(batch.tokens, H, D, dtype=torch.float8_e4m3fn)
+        with override_forward_context(ctx):
+            assert fc(layer, torch.empty(batch.tokens, 8), q8, None, torch.zeros(batch.tokens, H)) is buf
+        assert bool((buf == -7).all()), f"{level}: buffer touched"
+    assert streamed_calls == []
