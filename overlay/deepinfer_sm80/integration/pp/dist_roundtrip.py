@@ -166,7 +166,11 @@ def run_case(
     partition = [int(x) for x in name.split(",")]
     store, out = tmp / f"store-{name}-{fault}", tmp / f"result-{name}-{fault}"
     store.unlink(missing_ok=True)
-    method = "spawn" if backend == "nccl" else "fork"  # CUDA cannot fork; fork skips re-imports on CPU
+    # never plain fork: a parent that imported vLLM has threads, and a forked child can deadlock in gloo.
+    # forkserver: one clean server process (started once, torch preloaded) forks the stages cheaply.
+    method = "spawn" if backend == "nccl" else "forkserver"
+    if method == "forkserver":
+        mp.set_forkserver_preload(["torch", "deepinfer_sm80.integration.pp.rig"])
     args = (len(stages), stages, partition, str(store), str(out), fault, backend, timing)
     mp.start_processes(_worker, args=args, nprocs=len(stages), start_method=method)
     return [json.loads(Path(f"{out}.{p}").read_text()) for p in range(len(stages))]
