@@ -9,7 +9,6 @@ import entry_point_ab as ab
 import pytest
 
 from deepinfer_sm80 import bindings
-from deepinfer_sm80.testing.bench import IMPLS, Timing
 
 
 def test_parse_args(tmp_path):
@@ -59,11 +58,15 @@ def test_levels_through_the_hook(monkeypatch):
     assert bindings.LEVEL_MARKER not in sys.modules  # the simulated marker does not leak
 
 
-def _t(us: float) -> Timing:
+def _t(us: float):
+    from deepinfer_sm80.testing.bench import Timing
+
     return Timing("x", us, us, 1000, 1.0, None, None)
 
 
 def test_pair_rows_and_targets():
+    from deepinfer_sm80.testing.bench import IMPLS
+
     rows, target = ab.pair_rows("kv_gather", "compressed-4k", 4096, _t(10.0), _t(4.0), "bitwise")
     assert [r["impl"] for r in rows] == ["base", "deepinfer"] and all(r["impl"] in IMPLS for r in rows)
     assert rows[1]["verdict"] == "bitwise" and rows[0]["verdict"] == "n/a"
