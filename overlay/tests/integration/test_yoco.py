@@ -115,9 +115,9 @@ def swa_metadata(batch: Batch, swa_bt: torch.Tensor):
     qsl = torch.tensor([0, *torch.cumsum(torch.tensor(qlens), 0).tolist()], dtype=torch.int32)
     seq = torch.tensor([s for s, _ in batch.pre], dtype=torch.int32)
     ql = torch.tensor([q for _, q in batch.pre], dtype=torch.int32)
-    gather = ql + torch.clamp(seq - ql, max=WINDOW - 1)  # the prefill-metadata kernel's rule
-    if batch.replay_start is not None:  # a replay batch's window starts shorten the gather
-        gather = torch.minimum(gather, seq - torch.tensor(batch.replay_start, dtype=torch.int32))
+    # upstream's prefill-metadata kernel: q + min(max(prefix - replay_start, 0), window - 1)
+    start = torch.tensor(batch.replay_start or [0] * len(batch.pre), dtype=torch.int32)
+    gather = ql + torch.clamp(seq - ql - start, min=0).clamp(max=WINDOW - 1)
     t = len(batch.positions)
     return DeepseekSparseSWAMetadata(
         block_table=swa_bt,
