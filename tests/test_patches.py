@@ -174,8 +174,8 @@ out = {
   "indexer_q_cutedsl": fused_indexer_q.has_cutedsl(),
   "metadata_deep_gemm": indexer.has_deep_gemm(),
   "indexer_deep_gemm_check": sai.has_deep_gemm(),
-  "logits": [getattr(f, "deepinfer_target", "upstream") for f in (sai.fp8_fp4_mqa_logits,
-             sai.fp8_fp4_paged_mqa_logits)],
+  "logits": [f.__module__ + ":" + f.__name__ if f.__module__.startswith("deepinfer") else "upstream"
+             for f in (sai.fp8_fp4_mqa_logits, sai.fp8_fp4_paged_mqa_logits)],
 }
 print("PROBE" + json.dumps(out))
 """
