@@ -488,3 +488,17 @@ def test_generation_counts_every_hand_out(harness) -> None:
     manager.get_simultaneous(((4,), torch.int32), ((2,), torch.bfloat16))
     assert yoco.generation() == g + 2
     assert yoco.workspace_counted(manager)
+
+
+def test_moe_takes_the_workspace_on_cuda():
+    """docs/PATCH_01.md's reason the gather reuse never applies in V4.1 serving: on CUDA every MoE call
+    of the modular kernel hands itself scratch through get_simultaneous (the CPU branch does not)."""
+    import inspect
+
+    from vllm.model_executor.layers.fused_moe import modular_kernel as mk
+
+    source = inspect.getsource(mk)
+    cpu_branch = source.index("if current_platform.is_cpu():")
+    call = source.index("current_workspace_manager().get_simultaneous(", cpu_branch)
+    assert call > cpu_branch
+    assert "return workspace13, workspace2, fused_out, False" in source[cpu_branch:call]
