@@ -144,8 +144,8 @@ def rows_bytes(max_tokens: int, width: int) -> int:
 def reserve(layer: Any, width: int, manager: Any) -> None:
     """Dummy (profile) run: take the persistent buffers now, so memory profiling counts them and the
     manager's lock (after warm-up) finds them."""
-    if not bindings.feature_enabled(FEATURE):
-        return
+    if not bindings.feature_enabled(FEATURE) or layer.topk_indices_buffer is None:
+        return  # (no top-k buffer: the layer's prefill asserts one, so it never shares rows either)
     device = layer.topk_indices_buffer.device
     _rows(manager, layer.max_num_batched_tokens, width, device)
     if layer.compress_ratio > 0:
