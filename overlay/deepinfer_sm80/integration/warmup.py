@@ -20,8 +20,9 @@ looks for) compiles the 16-token prefill path; larger-prefill specializations of
 sparse prefill kernels compile at their first use.
 
 `UPSTREAM_REGISTRATIONS` lists every `register_warmup` call that upstream makes while building a V4.1
-model whose attention is the SM8x layer, with why it cannot abort startup on SM80/SM86; the tests scan
-the pinned tree so that a call missing from the list fails.
+model whose attention is the SM8x layer (and the model runner's block table and sampler), with why it
+cannot abort startup on SM80/SM86; the tests scan those files of the pinned tree, so a call missing from
+the list fails.
 """
 
 from __future__ import annotations
@@ -211,6 +212,16 @@ UPSTREAM_REGISTRATIONS: tuple[Registration, ...] = (
     Registration("model_executor/layers/sparse_attn_indexer.py",
                  "_STABLE_TOPK_FROM_GATHERED_CANDIDATES_KERNEL", "not-reached",
                  "decode context parallel > 1 with CuTeDSL only"),
+    # model-runner V1 only (V2, the 0.32.0 default, has its own block table and rejection sampler)
+    Registration("v1/worker/block_table.py", "_COMPUTE_SLOT_MAPPING_KERNEL", "sm80-safe",
+                 "int slot-mapping Triton kernel"),
+    Registration("v1/sample/rejection_sampler.py", "_rejection_greedy_sample", "sm80-safe",
+                 "spec-decode token ids and fp32 probabilities, no fp8 type"),
+    Registration("v1/sample/rejection_sampler.py", "_rejection_random_sample", "sm80-safe",
+                 "spec-decode fp32 probabilities"),
+    Registration("v1/sample/rejection_sampler.py", "_expand", "sm80-safe", "int expand kernel"),
+    Registration("v1/sample/rejection_sampler.py", "_sample_recovered_tokens", "sm80-safe",
+                 "fp32/fp64 Gumbel sampling"),
 )  # fmt: skip
 # Upstream files a V4.1 model with the SM8x layer constructs from (the scan's scope).
 REGISTRATION_FILES = (
@@ -223,4 +234,8 @@ REGISTRATION_FILES = (
     "v1/attention/backends/mla/indexer.py",
     "v1/attention/backends/mla/sparse_swa.py",
     "v1/worker/gpu/spec_decode/dspark/speculator.py",
+    "v1/worker/gpu/block_table.py",
+    "v1/worker/gpu/spec_decode/rejection_sampler.py",
+    "v1/worker/block_table.py",
+    "v1/sample/rejection_sampler.py",
 )
