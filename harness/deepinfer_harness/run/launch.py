@@ -4,7 +4,7 @@ Pure functions of the profile so that `--dry-run` and unit tests see the same ar
 executes. Flags every arm gets are the ones the harness's metrics depend on. Only variables the
 profile names reach the server: `env` (values set in the profile, plus VLLM_SERVER_DEV_MODE and
 the PP partition) and `server.pass_env` (names copied from the harness's environment), on top
-of a fixed set of process plumbing (PATH, HOME, locale, TMPDIR).
+of a fixed set of process plumbing (PATH, LD_LIBRARY_PATH, HOME, locale, TMPDIR).
 """
 
 from __future__ import annotations
@@ -29,7 +29,18 @@ HARNESS_FLAGS = [
     "--logprobs-mode",
     "raw_logprobs",
 ]
-PLUMBING_ENV = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "LC_CTYPE", "TMPDIR", "TZ")
+PLUMBING_ENV = (
+    "PATH",
+    "LD_LIBRARY_PATH",
+    "HOME",
+    "USER",
+    "LOGNAME",
+    "LANG",
+    "LC_ALL",
+    "LC_CTYPE",
+    "TMPDIR",
+    "TZ",
+)
 SECRET_MARKERS = ("TOKEN", "KEY", "SECRET", "PASSWORD")
 
 

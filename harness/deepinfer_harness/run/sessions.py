@@ -263,7 +263,7 @@ def dry_run_lines(
         f"# run {run_id} → {out}",
         f"# cells (one fixed order): {' '.join(c.id for c in cells)}",
         f"# {'A/A (declared: ab.aa)' if profile.ab.aa else 'A/B'}; only the env shown (and PATH, HOME, "
-        "locale, TMPDIR) reaches a local server",
+        "locale, TMPDIR, LD_LIBRARY_PATH) reaches a local server",
     ]
     a, b = (build_launch(profile, v, model, run_id, 0) for v in ("A", "B"))
     if a.identity() == b.identity() and not profile.ab.aa:
