@@ -225,13 +225,13 @@ def _combine_shapes(quick: bool) -> Iterator[Shape]:
     from deepinfer_sm80.testing.inputs import generator
 
     for tokens, ratio in ((512, 1),) if quick else ((64, 1), (512, 1), (1_536, 2), (4_096, 1)):
-        gen = generator(f"ab-combine-{tokens}-{ratio}", "cuda")
+        gen = generator(f"ab-combine-{tokens}-{ratio}")  # the combiner builder draws on the CPU
         probe = bc.chunk(tokens, ratio, gen)
         n_bytes = bc.bytes_moved(probe)
         n_sets = input_sets_needed(n_bytes, limit=16)
 
         def make(tokens: int = tokens, ratio: int = ratio, n_sets: int = n_sets) -> Callable[..., Any]:
-            gen = generator(f"ab-combine-{tokens}-{ratio}", "cuda")
+            gen = generator(f"ab-combine-{tokens}-{ratio}")  # the combiner builder draws on the CPU
             sets = [bc.chunk(tokens, ratio, gen) for _ in range(n_sets)]
 
             def run(fn: Callable[..., Any], i: int) -> Any:
