@@ -97,3 +97,19 @@ def test_patch_that_does_not_apply_fails_the_build(daemon, tmp_path):
     proc = _build(ctx, "baseline")
     assert proc.returncode != 0
     assert f"apply_patches: {series[0]} does not apply to " in proc.stdout + proc.stderr
+
+
+def test_harness_manifest_facts_carry_the_labels_of_a_built_image(daemon):
+    image = os.environ.get("SMOKE_IMAGE", "deepinfer-sm80-smoke:deepinfer")
+    if subprocess.run([DOCKER, "image", "inspect", image], capture_output=True).returncode != 0:
+        pytest.fail(f"{image} missing: run make image-smoke first")
+    from deepinfer_harness.run.provenance import image_facts
+
+    facts = image_facts(image)
+    labels = facts["image_labels"]
+    pins = load_pins()
+    assert labels["ai.deepinfer.vllm-version"] == pins["VLLM_VERSION"]
+    assert labels["ai.deepinfer.vllm-sdist-sha256"] == pins["VLLM_SDIST_SHA256"]
+    assert labels["ai.deepinfer.vllm-wheel-sha256"] == pins["VLLM_WHEEL_SHA256"]
+    assert facts["patches"] == "00+01" and facts["patches_sha256"] == labels["ai.deepinfer.patches-sha256"]
+    assert facts["image_revision"] == labels["org.opencontainers.image.revision"]
