@@ -17,6 +17,8 @@ done
 find "$tmp" \( -name __pycache__ -o -name '*.egg-info' \) -prune -exec rm -rf {} +
 rm -rf "$tmp/overlay/tests"
 ln ".cache/wheels/$wheel" "$tmp/.cache/wheels/$wheel" 2>/dev/null || cp ".cache/wheels/$wheel" "$tmp/.cache/wheels/"
+# engines whose frontend ignores <Dockerfile>.dockerignore (Debian's 20.10) read the root one
+cp docker/Dockerfile.sm80.dockerignore "$tmp/.dockerignore"
 rev=$(git rev-parse HEAD)
 git diff --quiet HEAD -- docker patches overlay || rev="$rev-dirty"
 echo "$rev" >"$tmp/REVISION"
