@@ -256,25 +256,10 @@ BINDINGS: tuple[Binding, ...] = (
         why="counts scratch hand-outs, so a shared-KV layer reuses the compressed gather of the layer "
         "before it only when nothing else (MoE, indexer) took the workspace since; same views returned",
     ),
-    # mHC boundaries (docs/MHC.md): upstream's TileLang kernels build real sm_80/sm_86 code, so the base
-    # level keeps them; the optimized level takes ours (same names and signatures as 0.32.0).
-    Binding(
-        name="mhc_pre",
-        module="vllm.models.deepseek_v41.nvidia.model",
-        symbol="mhc_pre_delayed_tilelang",
-        base=None,
-        optimized="deepinfer_sm80.ops.mhc.boundary:mhc_pre_delayed_tilelang",
-        why="first-layer mHC pre: off DeepGEMM upstream's prenorm GEMM is n_splits 1 (one CTA row per "
-        "token); ours splits h over the SMs (40 x 128 columns at 5120)",
-    ),
-    Binding(
-        name="mhc_post",
-        module="vllm.models.deepseek_v41.nvidia.model",
-        symbol="mhc_post_tilelang",
-        base=None,
-        optimized="deepinfer_sm80.ops.mhc.boundary:mhc_post_tilelang",
-        why="final post (and engram's): upstream runs one 128-thread CTA per token; ours a (T, H/1024) grid",
-    ),
+    # mHC boundaries (docs/MHC.md): upstream's TileLang kernels build real sm_80/sm_86 code and stay at
+    # both levels. Ours (ops/mhc, rows mhc_pre / mhc_post) are withheld from the DeepInfer level: the H200
+    # run at 84bf975 failed 12 of their GPU tests (declared tolerances, T >= 128 and vs upstream at T <= 32)
+    # and timed none of them; a row goes back in only with a GPU run that passes and measures them.
     # Pipeline parallelism across KV-sharing groups (docs/PIPELINE.md): not about the architecture, so
     # these rows apply on every CUDA capability (below=EVERY_CAPABILITY); both images need them.
     Binding(

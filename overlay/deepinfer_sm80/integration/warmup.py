@@ -170,9 +170,8 @@ def register_layer(layer: Any, vllm_config: Any) -> None:
 def _mhc_bound() -> bool:
     """True where the mhc rows bind ours (optimized level, on SM8x, not disabled)."""
     disabled = bindings.disabled_names()
-    return bool({"mhc_pre", "mhc_post"} - disabled) and bindings.row_applies(
-        next(b for b in bindings.BINDINGS if b.name == "mhc_pre"), bindings.device_capability()
-    )
+    rows = [b for b in bindings.BINDINGS if b.name in ("mhc_pre", "mhc_post") and b.name not in disabled]
+    return bool(rows) and bindings.row_applies(rows[0], bindings.device_capability())
 
 
 # ----------------------------------------------------------------------------- upstream's registrations
