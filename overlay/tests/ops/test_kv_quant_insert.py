@@ -251,6 +251,7 @@ def test_matches_upstream_kernel(case, impl):
     cu = pytest.importorskip("vllm.models.deepseek_v41.common.ops.cache_utils")
     k, slots, cache = make_case(case)
     want, got = clone_cache(cache), clone_cache(cache)
-    cu.quantize_and_insert_k_cache(k, want, slots, block_size=case.block_size)
+    # upstream's kernel indexes k rows by 512 (no stride argument): it gets the same rows packed
+    cu.quantize_and_insert_k_cache(k.contiguous(), want, slots, block_size=case.block_size)
     IMPLS[impl](k, got, slots, case.block_size)
     assert_bitwise_equal(f"insert[{impl}] vs upstream {seed_note(case.name)}", pool(got), pool(want))
