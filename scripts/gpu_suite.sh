@@ -37,8 +37,8 @@ status=0
 if [ -z "${SKIP_TESTS:-}" ]; then
   XDIST=""
   if [ -n "${PYTEST_WORKERS:-}" ] && python3 -c "import xdist" 2>/dev/null; then XDIST="-n $PYTEST_WORKERS"; fi
-  # shellcheck disable=SC2086
   # -v: every outcome is logged as it happens, so a run cut by its time box still names its failures
+  # shellcheck disable=SC2086
   python3 -m pytest -v -rfE -p no:cacheprovider $XDIST ${TESTS:-overlay/tests} --junitxml="$OUT_DIR/gpu-tests.xml" \
     2>&1 | tee "$OUT_DIR/gpu-tests.log" | grep -E "FAILED|ERROR|passed|failed" | tail -25 || status=1
   grep -qE "[0-9]+ (failed|error)" "$OUT_DIR/gpu-tests.log" && status=1
