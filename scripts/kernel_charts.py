@@ -8,6 +8,7 @@ Usage: python scripts/kernel_charts.py RESULTS_GPU_DIR CHARTS_DIR (writes <op>.{
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -16,6 +17,8 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+
+plt.rcParams["svg.hashsalt"] = "deepinfer-sm80"  # stable element ids: the same JSON gives the same SVG
 
 STYLE = {"deepinfer": "-o", "base": "--s", "upstream": ":^", "torch": "-.x"}
 
@@ -60,25 +63,29 @@ def op_figure(op: str, rows: list[dict], label: str) -> plt.Figure:
 
 
 def speedup_figure(rows: list[dict], labels: dict[str, str]) -> plt.Figure:
+    """Per op, DeepInfer's speedup over base and over upstream: median bar, whiskers at min and max
+    over every measured (shape, size)."""
     by_key: dict[tuple[str, str, int], dict[str, float]] = defaultdict(dict)
     for r in rows:
         by_key[(r["op"], r["shape"], r["size"])][r["impl"]] = r["us"]
-    bars = []
-    for (op, shape, size), impls in sorted(by_key.items()):
-        if "deepinfer" not in impls:
-            continue
+    ratios: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for (op, _shape, _size), impls in by_key.items():
         for ref in ("base", "upstream"):
-            if ref in impls:
-                bars.append((f"{op} {shape} {size}", ref, impls[ref] / impls["deepinfer"]))
-    fig, ax = plt.subplots(figsize=(max(6.0, 0.28 * len(bars)), 4.8))
-    xs = range(len(bars))
+            if "deepinfer" in impls and ref in impls:
+                ratios[(op, ref)].append(impls[ref] / impls["deepinfer"])
+    keys = sorted(ratios)
+    med = [statistics.median(ratios[k]) for k in keys]
+    low = [m - min(ratios[k]) for m, k in zip(med, keys, strict=True)]
+    high = [max(ratios[k]) - m for m, k in zip(med, keys, strict=True)]
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.55 * len(keys)), 4.8))
     colors = {"base": "tab:blue", "upstream": "tab:orange"}
-    ax.bar(xs, [b[2] for b in bars], color=[colors[b[1]] for b in bars])
+    ax.bar(range(len(keys)), med, yerr=[low, high], capsize=3, color=[colors[k[1]] for k in keys])
     ax.axhline(1.0, color="black", linewidth=0.8)
-    ax.set_xticks(list(xs), [f"{b[0]} vs {b[1]}" for b in bars], rotation=90, fontsize=6)
-    ax.set_ylabel("DeepInfer speedup (×)")
+    ax.set_xticks(list(range(len(keys))), [f"{op} vs {ref} (n={len(ratios[(op, ref)])})" for op, ref in keys],
+                  rotation=60, ha="right", fontsize=7)  # fmt: skip
+    ax.set_ylabel("DeepInfer speedup (x): median, min-max")
     ax.set_yscale("log")
-    ax.set_title("DeepInfer over base / upstream — " + "; ".join(sorted(set(labels.values()))), fontsize=8)
+    ax.set_title("\n".join(sorted(set(labels.values()))), fontsize=6)
     fig.tight_layout()
     return fig
 
