@@ -1,6 +1,6 @@
 """Copy planar paged records between a KV cache and per-token rows: the pipeline replication payload.
 
-A page of `block_size` states is planar (formats/fp8_ds_mla.py, SPEC.md §2.1): state j's data bytes at
+A page of `block_size` states is planar (formats/fp8_ds_mla.py, docs/FP8_DS_MLA.md): state j's data bytes at
 `page + DATA·j`, its scale bytes at `page + DATA·block_size + SCALE·j`, `page = base + block·stride(0)`.
 Compressed KV: DATA 576, SCALE 8 (the 584-byte V4 record); indexer K: DATA 128, SCALE 4 (fp32 2^e).
 

@@ -42,7 +42,7 @@ def multi_processor_count(device_index: int) -> int:
 
 
 def _sm_count(device: torch.device) -> int:
-    # the interpreter (CPU tensors) has no SM count: 108 = A100/A800 (SPEC.md §7), for the heuristics only
+    # the interpreter (CPU tensors) has no SM count: 108 = A100/A800 (docs/MODEL.md), for the heuristics only
     return multi_processor_count(device.index or 0) if device.type == "cuda" else 108
 
 

@@ -74,7 +74,7 @@ def k_tile_512(data_ptr, scale_ptr, valid, BLOCK_N: tl.constexpr):
     """The whole 512-wide K row in registers: 7 dequantized 64-groups, then the 64 RoPE values as group 7.
 
     The 8 scale bytes arrive as one 64-bit word and each group's byte comes out by a shift (UE8M0 by
-    bit placement, SPEC.md §2.3). Returns [BLOCK_N, 512] bf16, NaN -> 0, invalid rows 0.
+    bit placement, docs/FP8_DS_MLA.md). Returns [BLOCK_N, 512] bf16, NaN -> 0, invalid rows 0.
     """
     g = tl.arange(0, _N_GROUPS + 1)[None, :, None]  # [1, 8, 1]
     col = g * _GROUP + tl.arange(0, _GROUP)[None, None, :]  # [1, 8, 64]
