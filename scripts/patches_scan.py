@@ -73,6 +73,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "sm80-reachability.json")
     args = parser.parse_args(argv)
+    # the traced tests run interpreted in their own processes; the cross-compile here needs real JIT
+    # functions, so an interpreter switch inherited from a calling test session must not apply
+    os.environ.pop("TRITON_INTERPRET", None)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "launches.jsonl"
         trace(path, DRIVERS)
