@@ -58,8 +58,6 @@ def tilelang_missing_reason() -> str | None:
 def bind_vllm_tilelang_globals() -> None:
     """vllm.tilelang_utils binds `T`/`tilelang` only when vLLM's platform is CUDA (not on a CPU host,
     nor from the GPU bundle's tree, which has no vllm._C): bind them before upstream's kernels import."""
-    if "vllm.model_executor.kernels.mhc.tilelang_kernels" in sys.modules:
-        return
     import tilelang
     import tilelang.language
 
@@ -67,6 +65,12 @@ def bind_vllm_tilelang_globals() -> None:
     if utils.T is None:
         utils.T = tilelang.language
         utils.tilelang = tilelang
+    # a kernel module imported earlier in this process (vLLM's model code imports it) saw T = None and
+    # built its kernels without tensor annotations: import it again now that T is bound
+    for name, module in list(sys.modules.items()):
+        unbound = getattr(module, "T", tilelang.language) is None
+        if name.startswith("vllm.model_executor.kernels.mhc") and unbound:
+            importlib.reload(module)
 
 
 def resolve(target: str) -> Any:
