@@ -260,6 +260,9 @@ def check_kernels(pins: dict[str, str]) -> str:
         failed = [ln for ln in rows if "FAIL" in ln] or proc.stderr.strip().splitlines()[-3:]
         raise AssertionError(f"sm80_report exit {proc.returncode}: {failed}")
     print(proc.stdout.rstrip())
+    tilelang_skip = [ln for ln in proc.stdout.splitlines() if ln.startswith("TileLang kernels NOT compiled")]
+    if tilelang_skip:
+        raise AssertionError(f"{tilelang_skip[0]} (the image must compile its TileLang kernels too)")
     names = ", ".join(f"sm_{a}" for a in sorted(archs))
     return f"{len(rows)} kernel x arch compiles for {names}, all within budget"
 
