@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # CI's image check: `make image-smoke` on the CI machine itself (CPU only, no registry).
 #   Installs Debian's docker.io and debootstrap when absent, starts a dockerd of its own when none
-#   answers (and stops exactly that one at the end), then runs the smoke build. A cold run measured
-#   here takes about a quarter of CI's 90 minutes (docker/README.md); when less than
+#   answers (and stops exactly that one at the end), then runs the smoke build. A cold run takes
+#   about a quarter of CI's 90 minutes (docker/README.md); when less than
 #   DOCKER_CI_MIN_LEFT_S of the budget is left after `make test`, it says so and skips.
 # Usage: scripts/docker_ci.sh CI_START_EPOCH_S
 set -euo pipefail
