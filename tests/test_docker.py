@@ -94,7 +94,17 @@ def test_pins_come_from_the_pin_file_only():
 
 def test_make_image_builds_both_targets_from_one_snapshot_with_every_label_arg():
     proc = subprocess.run(
-        ["make", "-n", "-o", ".venv/.stamp", "-o", "fetch-vllm", "image", "VLLM_BUILD=precompiled"],
+        [
+            "make",
+            "--no-print-directory",
+            "-n",
+            "-o",
+            ".venv/.stamp",
+            "-o",
+            "fetch-vllm",
+            "image",
+            "VLLM_BUILD=precompiled",
+        ],  # --no-print-directory: under `make test` MAKEFLAGS carries -w
         cwd=ROOT,
         capture_output=True,
         text=True,
