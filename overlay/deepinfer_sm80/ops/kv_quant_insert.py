@@ -163,7 +163,8 @@ def _insert_kernel(
 
 # ----------------------------------------------------------------------------- launchers
 # 4 tokens x 4 warps: 40 regs. On the H200 8x4 was 10% faster at 8192 tokens but (with the previous
-# encoder) 35% slower at 64; 1x1 and 2x2 were within 7% at 8192 (results/gpu/kv_cache-h200.json).
+# encoder) 35% slower at 64; 1x1 and 2x2 were within 7% at 8192 (the H200 sweep at bbda5ef: git history,
+# results/gpu/kv_cache-h200.json).
 # So the tile follows the batch: decode-sized batches keep 4 tokens a program, prefill takes 8.
 BLOCK_T = 4
 NUM_WARPS = 4
