@@ -117,7 +117,10 @@ def pair_rows(
     ratio = opt.us / base.us if base.us > 0 else float("inf")
     target = at_most(f"{op} {shape} {size}: optimized/base time", ratio, 1.0, "x", SLOWER_CAUSE)
     if verdict == "mismatch":
-        target = Target(target.name, target.measured, target.goal, target.unit, False, "output mismatch")
+        target = Target(
+            target.name, target.measured, target.goal, target.unit, False, "output mismatch",
+            direction=target.direction,
+        )
     return rows, target
 
 

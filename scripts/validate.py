@@ -375,6 +375,7 @@ def main(argv: list[str] | None = None) -> int:
             "measured": s.status,
             "goal": "pass",
             "unit": "status",
+            "direction": "==",
             "met": s.status == "pass",
             "cause": s.reason,
         }

@@ -443,6 +443,7 @@ def targets(results: dict[str, Any], launches: dict[str, int | None]) -> list[di
                     1,
                     "launches",
                     per_pos <= 1,
+                    direction="<=",
                 )
             )
         if ours_step is not None and gemm is not None:
@@ -453,6 +454,7 @@ def targets(results: dict[str, Any], launches: dict[str, int | None]) -> list[di
                     1,
                     "launches",
                     ours_step - gemm <= 1,
+                    direction="<=",
                 )
             )
         for how, goal in (("eager", 3.0), ("graph", 1.0001)):
@@ -469,5 +471,7 @@ def targets(results: dict[str, Any], launches: dict[str, int | None]) -> list[di
         v for c in results["chains"] for k, v in c.items() if k.startswith("bitwise_")
     ]
     bad = sum(v != "ok" for v in verdicts)
-    out.append(Target("chain cases not bitwise vs upstream (both paths)", bad, 0, "cases", bad == 0))
+    out.append(
+        Target("chain cases not bitwise vs upstream (both paths)", bad, 0, "cases", bad == 0, direction="<=")
+    )
     return [t.as_dict() for t in out]

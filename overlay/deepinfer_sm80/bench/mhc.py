@@ -269,6 +269,7 @@ def targets_of(us_by_t: dict[int, dict[str, float]], rows: list[Row]) -> list[Ta
                     ""
                     if speedup >= writeup
                     else "H200 vs the write-up's A100; upstream is faster on H200 than on A100",
+                    direction=">=",
                 )
             )
     big = [r for r in rows if r.op == "mhc_post_pre" and r.impl == "deepinfer" and r.size == 1536]

@@ -208,9 +208,28 @@ class Row:
         return asdict(self)
 
 
+DIRECTIONS = (">=", "<=", "==")
+
+
+def holds(measured: float, goal: float, direction: str) -> bool:
+    """Whether `measured direction goal` holds (">=" a floor, "<=" a ceiling, "==" an exact count)."""
+    if direction == ">=":
+        return measured >= goal
+    if direction == "<=":
+        return measured <= goal
+    if direction == "==":
+        return measured == goal
+    raise ValueError(f"direction {direction!r} not in {DIRECTIONS}")
+
+
 @dataclass(frozen=True)
 class Target:
-    """A goal from an issue and what this run measured; a miss carries its measured cause."""
+    """A goal from an issue and what this run measured; a miss carries its measured cause.
+
+    `direction` is required (keyword): a target without it reads the same whether 1.0001 was a
+    floor or a ceiling. `met` may be False where the comparison holds (a target can fail on
+    something else, e.g. an output mismatch, named in `cause`), never True where it does not.
+    """
 
     name: str
     measured: float
@@ -218,14 +237,33 @@ class Target:
     unit: str
     met: bool
     cause: str = ""
+    direction: str = field(kw_only=True)
+
+    def __post_init__(self) -> None:
+        if self.direction not in DIRECTIONS:
+            raise ValueError(f"target {self.name!r}: direction {self.direction!r} not in {DIRECTIONS}")
+        if self.met and not holds(self.measured, self.goal, self.direction):
+            raise ValueError(
+                f"target {self.name!r}: met=True but {self.measured} {self.direction} {self.goal} fails"
+            )
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
 
 
+def _target(name: str, measured: float, goal: float, unit: str, cause: str, direction: str) -> Target:
+    recorded = round(measured, 3)  # met is judged on the value the JSON keeps
+    ok = holds(recorded, goal, direction)
+    return Target(name, recorded, goal, unit, ok, "" if ok else cause, direction=direction)
+
+
 def at_least(name: str, measured: float, goal: float, unit: str, cause: str = "") -> Target:
-    return Target(name, round(measured, 3), goal, unit, measured >= goal, "" if measured >= goal else cause)
+    return _target(name, measured, goal, unit, cause, ">=")
 
 
 def at_most(name: str, measured: float, goal: float, unit: str, cause: str = "") -> Target:
-    return Target(name, round(measured, 3), goal, unit, measured <= goal, "" if measured <= goal else cause)
+    return _target(name, measured, goal, unit, cause, "<=")
+
+
+def exactly(name: str, measured: float, goal: float, unit: str, cause: str = "") -> Target:
+    return _target(name, measured, goal, unit, cause, "==")

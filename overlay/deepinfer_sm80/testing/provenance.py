@@ -1,15 +1,23 @@
-"""Where a number came from: git revision, versions, GPU and driver."""
+"""Where a number came from: git revision, versions, hardware, date and the command that ran.
+
+Every JSON under results/ carries these fields (tests/test_results_provenance.py); `REQUIRED` is the
+list the test checks and `missing_fields` the check itself, so a writer and the test agree.
+"""
 
 from __future__ import annotations
 
 import os
 import platform
+import shlex
 import subprocess
+import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
 import torch
 import triton
+
+REQUIRED = ("git_sha", "date", "hardware", "versions", "command")
 
 
 def git_sha() -> str:
@@ -42,14 +50,27 @@ def _driver_version() -> str:
         return "unknown"
 
 
-def provenance() -> dict[str, object]:
+def command_line() -> str:
+    """The interpreter's own argv (`python3 -m deepinfer_sm80.bench --out …`), shell-quoted."""
+    return shlex.join([Path(sys.orig_argv[0]).name, *sys.orig_argv[1:]])
+
+
+def provenance(command: str | None = None) -> dict[str, object]:
     info: dict[str, object] = {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "git_sha": git_sha(),
+        "command": command or command_line(),
         "python": platform.python_version(),
         "torch": torch.__version__,
         "triton": triton.__version__,
         "cuda_runtime": torch.version.cuda,
+        "versions": {
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "triton": triton.__version__,
+            "cuda_runtime": torch.version.cuda,
+        },
+        "hardware": f"CPU {platform.machine()} ({os.cpu_count()} logical cores), no GPU",
     }
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
@@ -59,5 +80,16 @@ def provenance() -> dict[str, object]:
             "sm_count": props.multi_processor_count,
             "gpu_memory_gib": round(props.total_memory / 2**30, 1),
             "driver": _driver_version(),
+            "hardware": f"{props.name} (sm_{props.major}{props.minor}, {props.multi_processor_count} SMs)",
         }
     return info
+
+
+def missing_fields(prov: object) -> list[str]:
+    """The REQUIRED fields a provenance dict lacks or leaves empty ("unknown" counts as empty)."""
+    if not isinstance(prov, dict):
+        return list(REQUIRED)
+    missing = [k for k in REQUIRED if prov.get(k) in (None, "", "unknown", {}, [])]
+    if prov.get("versions") and not isinstance(prov["versions"], dict):
+        missing.append("versions (a name -> version object)")
+    return missing

@@ -199,6 +199,7 @@ def main(argv: list[str] | None = None) -> int:
             "measured": int(identical),
             "goal": 1,
             "unit": "bool",
+            "direction": "==",
             "met": identical,
         }
     ]
@@ -206,7 +207,14 @@ def main(argv: list[str] | None = None) -> int:
         ratio = row["with_payload_us"] / row["hidden_only_us"]
         name = f"send time with payload / hidden only, T={row['tokens']}"
         targets.append(
-            {"name": name, "measured": round(ratio, 3), "goal": 1.25, "unit": "x", "met": ratio <= 1.25}
+            {
+                "name": name,
+                "measured": round(ratio, 3),
+                "goal": 1.25,
+                "unit": "x",
+                "direction": "<=",
+                "met": ratio <= 1.25,
+            }
         )
     nccl = ".".join(map(str, torch.cuda.nccl.version())) if args.backend == "nccl" else None
     info = {"backend": args.backend, "gpus": torch.cuda.device_count(), "nccl": nccl}

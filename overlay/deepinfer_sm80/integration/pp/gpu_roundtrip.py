@@ -112,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
             "measured": int(identical),
             "goal": 1,
             "unit": "bool",
+            "direction": "==",
             "met": identical,
         },
     ]
@@ -125,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
                 "measured": round(ratio, 3),
                 "goal": 1.0,
                 "unit": "x",
+                "direction": "<=",
                 "met": ratio <= 1.0,
                 "cause": cause,
             }
