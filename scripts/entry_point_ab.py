@@ -457,6 +457,9 @@ def main(argv: list[str] | None = None) -> int:
         torch.cuda.empty_cache()
     env = {**environment(), "ceilings": ceilings.as_dict()}
     result = summary(rows, targets, errors, skipped, env)
+    from deepinfer_sm80.testing.provenance import provenance
+
+    result["provenance"] = provenance()  # tests/test_results_provenance.py checks every results JSON
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / OUT_NAME).write_text(json.dumps(result, indent=1) + "\n")
     print(f"entry_point_ab: {len(targets)} shapes, {sum(t.met for t in targets)} met, {len(errors)} errors "
