@@ -14,6 +14,11 @@ Every layer kind of V4.1 in 6 backbone layers + 3 DSpark stages (docs/VALIDATE.m
 | 5 | ratio 1 index source reading 3's indexer K, masked to 3's candidates |
 | mtp.0-2 | DSpark stages (ratio 0), main_proj over aux layers 3, 4, 5, Markov and confidence heads |
 
+Engram at layers 1 and 2 (the release: 1 and 14, i.e. a later layer and a ratio-2 one; both stay below
+the candidate source 3, as the release's stay below 20, so vLLM's decoder replay is not ruled out):
+n-grams 2..4, 4 hash heads each (12 tables of prime size above 1000), 64-wide e4m3 rows with UE8M0
+scales per 32 values, `wkv` FP8 [5 x 5120, 768], `q_weight` / `k_weight` bf16 [4, 5120].
+
 Real per-layer geometry where kernels see it: hidden 5120, head_dim 512 (448 + 64 RoPE), hc_mult 4,
 q_lora 1280, o_lora 1024, indexer 32 × 128, top-k 512, window 128, candidate 2048 blocks of 8. Reduced:
 16 heads (2 o-groups of 8: TP1 runs the per-rank shape of TP4, TP2 that of TP8), 4 routed experts
@@ -23,6 +28,15 @@ token 1000. Official formats and names: dense linears FP8 e4m3 with UE8M0 (float
 per 32 values), everything else bf16 / fp32 as the release stores it; tensors named as the release
 (`layers.N.attn.wq_a.weight` / `.scale`, `layers.N.ffn.experts.E.w1.weight`, `mtp.S.*`, `embed.weight`,
 `head.weight`), one shard plus `model.safetensors.index.json`.
+
+Signal: `head.weight` is drawn with std 0.05 instead of 0.02, so the final logits have a standard deviation
+of about 0.05 * sqrt(5120) = 3.6 over the normalised hidden state (0.02 gives 1.4: top logprob ~ -3.5 of
+1024, near-uniform) and the top-1 / top-2 margins are mostly far above rounding noise (docs/ORACLE.md).
+
+`--small-topk` writes the long-context variant: `index_topk` 16 and `candidate_topk_blocks` 4 (32 of the
+compressed positions, as blocks of 8), so the indexer really selects, and layer 5 really is restricted to
+layer 3's candidate blocks, on prompts of a few dozen tokens (attention.py skips the indexer while
+`max_seq_len // ratio <= index_topk`). Every other value and byte is the default variant's.
 
 Values are seeded (crc32 of the tensor name and the seed): the same command writes the same bytes.
 Running it again with the same arguments is a no-op (a stamp file holds the digest of the recipe).
@@ -40,11 +54,15 @@ from pathlib import Path
 
 BLOCK = 32  # FP8 scale block (both dims) and MXFP4 group
 E4M3_MAX = 448.0
-RECIPE_VERSION = 1
+RECIPE_VERSION = 2
+HEAD_STD = 0.05  # logits std ~ HEAD_STD * sqrt(hidden) = 3.6 (module docstring)
+SMALL_TOPK = {"index_topk": 16, "candidate_topk_blocks": 4}  # the --small-topk variant
+ENGRAM_VOCAB = 1000  # the hash tables' prime sizes start above this
 
 
-def text_config() -> dict:
-    return {
+def text_config(small_topk: bool = False) -> dict:
+    """The text model's config; `small_topk` lowers the indexer's top-k and candidate blocks."""
+    t = {
         "model_type": "deepseek_v41_text",
         "num_hidden_layers": 6,
         "num_nextn_predict_layers": 3,
@@ -102,10 +120,43 @@ def text_config() -> dict:
         "attention_dropout": 0.0,
         "initializer_range": 0.02,
         "use_cache": True,
+        # Engram (common/engram.py): tables per layer = (max_ngram - 1) * n_heads primes above
+        # engram_vocab_size - 1; the compressed vocabulary and the pad id come from the tokenizer
+        # and are filled in by build() (placeholders here: the digest does not depend on them)
+        "engram_layer_ids": [1, 2],
+        "engram_max_ngram_size": 4,
+        "engram_n_heads": 4,
+        "engram_head_dim": 64,
+        "engram_vocab_size": ENGRAM_VOCAB,
+        "engram_compressed_vocab_size": 0,
+        "engram_pad_token_id": 0,
     }
+    t["engram_num_embeddings"] = [sum(p) for p in engram_primes(t)]
+    if small_topk:
+        t.update(SMALL_TOPK)
+    return t
 
 
-def hf_config(bos: int, eos: int) -> dict:
+def _is_prime(n: int) -> bool:
+    return n >= 2 and all(n % d for d in range(2, int(n**0.5) + 1))
+
+
+def engram_primes(t: dict) -> list[list[int]]:
+    """Per Engram layer, the bucket sizes of its (n-gram, head) tables in order: successive primes
+    above `engram_vocab_size - 1`, never reused across layers (upstream's EngramLayout)."""
+    out, p = [], t["engram_vocab_size"] - 1
+    for _ in t["engram_layer_ids"]:
+        sizes = []
+        for _ in range((t["engram_max_ngram_size"] - 1) * t["engram_n_heads"]):
+            p += 1
+            while not _is_prime(p):
+                p += 1
+            sizes.append(p)
+        out.append(sizes)
+    return out
+
+
+def hf_config(bos: int, eos: int, small_topk: bool = False, text: dict | None = None) -> dict:
     return {
         "architectures": ["DeepseekV41ForCausalLM"],
         "model_type": "deepseek_v41",
@@ -113,7 +164,7 @@ def hf_config(bos: int, eos: int) -> dict:
         "eos_token_id": eos,
         "pad_token_id": eos,
         "dtype": "bfloat16",
-        "text_config": text_config(),
+        "text_config": text if text is not None else text_config(small_topk),
         "quantization_config": {
             "activation_scheme": "dynamic",
             "expert_dtype": "fp4",
@@ -126,7 +177,8 @@ def hf_config(bos: int, eos: int) -> dict:
 
 # ----------------------------------------------------------------------------- the tensor inventory
 # kinds: fp8 (e4m3 weight [out, in] + UE8M0 `.scale` [out/32, in/32]), fp4 (int8 [out, in/2] + UE8M0
-# `.scale` [out, in/32]), bf16, fp32, norm (bf16 ones), zeros32 (fp32 zeros)
+# `.scale` [out, in/32]), fp8rows (e4m3 [rows, dim] + UE8M0 `.scale` [rows, dim/32]: the Engram tables),
+# bf16, head (bf16, std HEAD_STD), near1 (bf16 around 1), fp32, norm (bf16 ones), zeros32 (fp32 zeros)
 def inventory(t: dict) -> Iterator[tuple[str, str, tuple[int, ...]]]:
     h, d, hc = t["hidden_size"], t["head_dim"], t["hc_mult"]
     heads, groups = t["num_attention_heads"], t["o_groups"]
@@ -163,6 +215,14 @@ def inventory(t: dict) -> Iterator[tuple[str, str, tuple[int, ...]]]:
             if layer in kv_src:  # owning indexers produce the keys
                 yield f"{a}.indexer.wk.weight", "bf16", (idim, d)
                 yield f"{a}.indexer.k_norm.weight", "norm", (idim,)
+        if layer is not None and layer in t["engram_layer_ids"]:
+            e = f"{p}.engram"
+            i = t["engram_layer_ids"].index(layer)
+            cols = (t["engram_max_ngram_size"] - 1) * t["engram_n_heads"]
+            yield f"{e}.embed", "fp8rows", (t["engram_num_embeddings"][i], t["engram_head_dim"])
+            yield f"{e}.wkv", "fp8", (h * (hc + 1), cols * t["engram_head_dim"])
+            yield f"{e}.q_weight", "near1", (hc, h)
+            yield f"{e}.k_weight", "near1", (hc, h)
         f = f"{p}.ffn"
         inter = t["moe_intermediate_size"]
         yield f"{f}.gate.weight", "bf16", (experts, h)
@@ -180,7 +240,7 @@ def inventory(t: dict) -> Iterator[tuple[str, str, tuple[int, ...]]]:
     for layer in range(n):
         yield from block(f"layers.{layer}", layer, t["n_routed_experts"])
     yield "norm.weight", "norm", (h,)
-    yield "head.weight", "bf16", (t["vocab_size"], h)
+    yield "head.weight", "head", (t["vocab_size"], h)
     for marker in ("image_start", "image_end", "image_newline"):  # the VL wrapper's own vectors
         yield marker, "fp32", (h,)
     stages = t["num_nextn_predict_layers"]
@@ -236,8 +296,19 @@ def tensors(t: dict, seed: int) -> Iterator[tuple[str, object]]:
                 f"{name}.scale",
                 torch.full((out, inn // BLOCK), 127 - 8, dtype=torch.uint8).view(torch.float8_e8m0fnu),
             )
-        elif kind == "bf16":
-            yield name, (torch.randn(*shape, generator=g) * std).to(torch.bfloat16)
+        elif kind == "fp8rows":
+            rows, dim = shape
+            w = torch.randn(rows, dim // BLOCK, BLOCK, generator=g)  # unit rows, one scale per 32 values
+            amax = w.abs().amax(dim=2).clamp_min(1e-30)
+            e = torch.ceil(torch.log2(amax / E4M3_MAX))
+            codes = (w / torch.exp2(e)[..., None]).clamp(-E4M3_MAX, E4M3_MAX).reshape(rows, dim)
+            yield f"{name}.weight", codes.to(torch.float8_e4m3fn)
+            yield f"{name}.scale", (e + 127).clamp(0, 254).to(torch.uint8).view(torch.float8_e8m0fnu)
+        elif kind in ("bf16", "head"):
+            s = HEAD_STD if kind == "head" else std
+            yield name, (torch.randn(*shape, generator=g) * s).to(torch.bfloat16)
+        elif kind == "near1":  # Engram gate weights: the gate's dot product stays O(1)
+            yield name, (1 + 0.1 * torch.randn(*shape, generator=g)).to(torch.bfloat16)
         elif kind == "norm":
             yield name, torch.ones(*shape, dtype=torch.bfloat16)
         elif kind == "zeros32":
@@ -249,29 +320,31 @@ def tensors(t: dict, seed: int) -> Iterator[tuple[str, object]]:
 
 
 # ----------------------------------------------------------------------------- build
-def recipe_digest(seed: int) -> str:
-    recipe = {"version": RECIPE_VERSION, "seed": seed, "config": hf_config(0, 1),
-              "tensors": list(inventory(text_config()))}  # fmt: skip
+def recipe_digest(seed: int, small_topk: bool = False) -> str:
+    recipe = {"version": RECIPE_VERSION, "seed": seed, "config": hf_config(0, 1, small_topk),
+              "tensors": list(inventory(text_config(small_topk)))}  # fmt: skip
     blob = json.dumps(recipe, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
-def build(out: Path, seed: int = 0) -> dict:
+def build(out: Path, seed: int = 0, small_topk: bool = False) -> dict:
     """Write the checkpoint into `out`; returns its manifest (tensor count, bytes, digest)."""
     from safetensors.torch import save_file
 
     stamp = out / "tiny_v41.json"
-    digest = recipe_digest(seed)
+    digest = recipe_digest(seed, small_topk)
     if stamp.exists():
         manifest = json.loads(stamp.read_text())
         if manifest.get("recipe") == digest and (out / manifest["shard"]).exists():
             return manifest
     out.mkdir(parents=True, exist_ok=True)
     bos, eos = _tokenizer(out)
-    t = text_config()
+    t = text_config(small_topk)
     if t["dspark_noise_token_id"] >= t["vocab_size"]:
         raise ValueError("dspark_noise_token_id must be a token id")
-    (out / "config.json").write_text(json.dumps(hf_config(bos, eos), indent=1))
+    t["engram_compressed_vocab_size"] = compressed_vocab_size(out)
+    t["engram_pad_token_id"] = eos
+    (out / "config.json").write_text(json.dumps(hf_config(bos, eos, text=t), indent=1))
     (out / "generation_config.json").write_text(json.dumps({"bos_token_id": bos, "eos_token_id": eos}))
     shard = "model-00001-of-00001.safetensors"
     data = dict(tensors(t, seed))
@@ -279,7 +352,8 @@ def build(out: Path, seed: int = 0) -> dict:
     total = sum(v.numel() * v.element_size() for v in data.values())
     index = {"metadata": {"total_size": total}, "weight_map": {k: shard for k in sorted(data)}}
     (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=1))
-    manifest = {"recipe": digest, "seed": seed, "shard": shard, "tensors": len(data), "bytes": total}
+    manifest = {"recipe": digest, "seed": seed, "small_topk": small_topk, "shard": shard,
+                "tensors": len(data), "bytes": total}  # fmt: skip
     stamp.write_text(json.dumps(manifest, indent=1))
     return manifest
 
@@ -305,7 +379,11 @@ def check_loads(out: Path) -> dict:
 
     torch.cuda.Stream = _Inert  # type: ignore[misc, assignment]
     torch.cuda.Event = _Inert  # type: ignore[misc, assignment]
+    # Engram's table sizes its lookup grid from the SM count at construction (common/engram.py)
+    torch.cuda.get_device_properties = lambda *a, **k: type("P", (), {"multi_processor_count": 8})()
+    torch.accelerator.current_device_index = lambda: 0
     from vllm.config import CacheConfig, ModelConfig, VllmConfig, set_current_vllm_config
+    from vllm.config.engram import EngramConfig
     from vllm.distributed import init_distributed_environment, initialize_model_parallel
     from vllm.model_executor.layers.fused_moe.oracle.mxfp4 import Mxfp4MoeBackend, backend_to_kernel_cls
     from vllm.model_executor.layers.quantization import fp8 as fp8mod
@@ -329,7 +407,9 @@ def check_loads(out: Path) -> dict:
                      limit_mm_per_prompt={"image": 0})  # fmt: skip
     hf = mc.hf_config
     report: dict = {"config_class": type(hf).__name__, "num_hidden_layers": hf.num_hidden_layers}
-    vc = VllmConfig(model_config=mc, cache_config=CacheConfig(block_size=128, cache_dtype="fp8_ds_mla"))
+    # Engram tables in pinned host memory (the default) need a CUDA allocator: device-resident here
+    vc = VllmConfig(model_config=mc, cache_config=CacheConfig(block_size=128, cache_dtype="fp8_ds_mla"),
+                    engram_config=EngramConfig(cpu_offload=False))  # fmt: skip
     qcfg = json.loads((out / "config.json").read_text())["quantization_config"]
     vc.quant_config = DeepseekV4FP8Config.from_config(qcfg)
     with set_current_vllm_config(vc):
@@ -373,11 +453,35 @@ def check_loads(out: Path) -> dict:
             e13[1, inter:].view(torch.int8), ck("layers.3.ffn.experts.1.w3.weight")
         ),
     }
+    table = params["language_model.model.layers.1.engram.embed_tokens.weight"]
+    checks["engram1_table_bytes"] = torch.equal(table.view(u8), ck("layers.1.engram.embed.weight").view(u8))
+    checks.update(_engram_checks(out, hf))
     if not all(checks.values()):
-        raise ValueError(f"tensor bytes misplaced: {checks}")
+        raise ValueError(f"tensor bytes misplaced or Engram hashing differs: {checks}")
     report.update(checkpoint_tensors=len(names), target_params=len(params), target_loaded=len(loaded),
                   draft_params=len(dparams), draft_loaded=len(dloaded), byte_checks=checks)  # fmt: skip
     return report
+
+
+def _engram_checks(out: Path, hf: object) -> dict[str, bool]:
+    """The oracle's Engram hash parameters equal upstream's (token map, primes, offsets, multipliers)."""
+    import torch
+    from transformers import AutoTokenizer
+    from vllm.models.deepseek_v41.common import engram as up
+
+    from deepinfer_sm80.testing.oracle.engram import EngramLayout, compressed_token_map
+
+    ours_map, size = compressed_token_map(out / "tokenizer.json")
+    up_map, up_size = up.build_compressed_token_map(AutoTokenizer.from_pretrained(str(out)))
+    t = json.loads((out / "config.json").read_text())["text_config"]
+    ours, theirs = EngramLayout.from_config(t, ours_map), up.EngramLayout(hf)
+    up_mult = up.compute_hash_multipliers(theirs.layer_ids, theirs.max_ngram_size, up_size)
+    return {
+        "engram_token_map": ours_map == up_map and size == up_size == t["engram_compressed_vocab_size"],
+        "engram_primes": torch.equal(ours.primes, torch.tensor(theirs.primes).flatten(1)),
+        "engram_offsets": torch.equal(ours.offsets, theirs.offsets.to(torch.int64)),
+        "engram_multipliers": torch.equal(ours.mult, up_mult),
+    }
 
 
 class _Draft:
@@ -396,6 +500,13 @@ class _Draft:
         return False
 
 
+def compressed_vocab_size(out: Path) -> int:
+    """Engram's compressed vocabulary of the checkpoint's tokenizer (the oracle's own map)."""
+    from deepinfer_sm80.testing.oracle.engram import compressed_token_map
+
+    return compressed_token_map(out / "tokenizer.json")[1]
+
+
 def _tokenizer(out: Path) -> tuple[int, int]:
     """The harness's tiny byte-level BPE (vocab 1024, trained on its bundled corpus)."""
     from deepinfer_harness import tiny_model
@@ -409,9 +520,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", action="store_true", help="print the manifest as JSON")
     ap.add_argument("--check", action="store_true", help="then load it through vLLM 0.32.0's classes on CPU")
+    variant = f"long-context variant: {SMALL_TOPK} (the indexer selects on short prompts)"
+    ap.add_argument("--small-topk", action="store_true", help=variant)
     args = ap.parse_args(argv)
     try:
-        manifest = build(Path(args.out), args.seed)
+        manifest = build(Path(args.out), args.seed, args.small_topk)
         if args.check:
             manifest = {**manifest, "load_check": check_loads(Path(args.out))}
     except (OSError, ValueError) as err:

@@ -30,6 +30,38 @@ def test_every_layer_kind_is_present() -> None:
     assert "layers.5.attn.indexer.wq_b" in names and "layers.5.attn.indexer.wk.weight" not in names
     assert {"mtp.0.main_proj", "mtp.2.markov_head.embed.weight", "mtp.2.confidence_head.proj.weight"} <= names
     assert (t["hidden_size"], t["head_dim"], t["hc_mult"]) == (5120, 512, 4)
+    # Engram on two layers below the candidate source (the release: 1 and 14, below 20)
+    assert t["engram_layer_ids"] == [1, 2] and max(t["engram_layer_ids"]) < t["candidate_source_layer_id"]
+    for layer in (1, 2):
+        assert {f"layers.{layer}.engram.{w}" for w in ("embed", "wkv", "q_weight", "k_weight")} <= names
+    assert not any(".engram." in n for n in names if n.startswith(("layers.0.", "layers.3.", "mtp.")))
+
+
+def test_engram_tables_fit_their_primes() -> None:
+    t = T.text_config()
+    primes = T.engram_primes(t)
+    flat = [p for row in primes for p in row]
+    assert len(set(flat)) == len(flat) and min(flat) > t["engram_vocab_size"] - 1
+    assert all(all(p % d for d in range(2, int(p**0.5) + 1)) for p in flat)
+    assert t["engram_num_embeddings"] == [sum(row) for row in primes]
+    shapes = {n: s for n, _, s in T.inventory(t)}
+    assert shapes["layers.2.engram.embed"] == (sum(primes[1]), t["engram_head_dim"])
+    assert shapes["layers.1.engram.wkv"] == (5 * 5120, 12 * t["engram_head_dim"])
+
+
+def test_small_topk_variant_changes_only_the_selection_sizes() -> None:
+    base, small = T.text_config(), T.text_config(small_topk=True)
+    assert {k for k in base if base[k] != small[k]} == {"index_topk", "candidate_topk_blocks"}
+    assert (small["index_topk"], small["candidate_topk_blocks"]) == (16, 4)
+    # layer 5 keeps 4 blocks of 8 = 32 columns, more than its top-16: the restriction is real and feasible
+    assert small["candidate_topk_blocks"] * small["candidate_block_size"] > small["index_topk"]
+    assert list(T.inventory(base)) == list(T.inventory(small))
+    assert T.recipe_digest(0) != T.recipe_digest(0, small_topk=True)
+
+
+def test_head_scale_gives_peaked_logits() -> None:
+    # the logits' standard deviation over a unit-RMS hidden state: HEAD_STD * sqrt(hidden)
+    assert 3.0 < T.HEAD_STD * T.text_config()["hidden_size"] ** 0.5 < 5.0
 
 
 @pytest.fixture(scope="module")
