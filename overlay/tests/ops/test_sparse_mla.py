@@ -191,6 +191,41 @@ def test_split1_direct_equals_reduce_bitwise() -> None:
     assert_bitwise_equal(case.name, direct.cpu(), reduced.cpu())
 
 
+# the opt-in decode variants (dec.VARIANTS) on the cases with the most edges: mixed/zero lengths, dense
+# rows with invalid slots, TP8 heads, SWA only, no valid slot, -inf/dominant sinks, a forced split count
+_VARIANT_EDGES = ("mixed-lengths", "dense-with-invalid", "window-only", "zero-valid-topk", "sink-mixed")
+VARIANT_CASES = [c for c in DECODE_CASES if c.name in (*_VARIANT_EDGES, "single-query-tp8")]
+# the prefetch changes only when the loads issue: at equal rows, warps and splits it is bitwise the
+# variant without it; other tiles reorder the online softmax (tolerance)
+PREFETCH_TWIN = {"prefetch-w8": "w8", "prefetch-r32-w8": "r32-w8"}
+
+
+@pytest.mark.parametrize("name", [n for n in dec.VARIANTS if n != "default"])
+@pytest.mark.parametrize("case", VARIANT_CASES, ids=lambda c: c.name)
+def test_decode_variants(name: str, case: Case) -> None:
+    inp = build(case)
+    ref = reference(case, inp)
+    for splits in (1, 3):
+        out = poisoned(inp.q)
+        call("optimized", case, inp, out, splits=splits, variant=dec.VARIANTS[name])
+        check(f"{name} {case.name} S={splits} ({seed_note(case.name)})", out, ref)
+        twin = PREFETCH_TWIN.get(name)
+        if twin is not None:
+            other = poisoned(inp.q)
+            call("optimized", case, inp, other, splits=splits, variant=dec.VARIANTS[twin])
+            assert_bitwise_equal(f"{name} vs {twin} {case.name} S={splits}", out.cpu(), other.cpu())
+
+
+def test_variant_switch(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(dec.VARIANT_ENV, "prefetch-w8")
+    assert dec.variant_from_env() == dec.VARIANTS["prefetch-w8"]
+    monkeypatch.delenv(dec.VARIANT_ENV)
+    assert dec.variant_from_env() == dec.VARIANTS["default"]
+    monkeypatch.setenv(dec.VARIANT_ENV, "fastest")
+    with pytest.raises(ValueError, match="DEEPINFER_SM80_SPARSE_MLA_DECODE='fastest'"):
+        dec.variant_from_env()
+
+
 def test_record_edges() -> None:
     """Slot 0 (where masked rows point) holds scale 255, NaN codes and inf/NaN RoPE and is never listed;
     a listed record has NaN codes and a 0 scale byte (-> zeros); a listed record with scale 255 spoils

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 from dataclasses import dataclass
 
 import torch
@@ -34,6 +35,40 @@ NUM_STAGES = 2
 CTAS_PER_SM = 2
 MAX_SPLITS = 40  # 640 rows / 16: one tile a split at most
 REDUCE_BLOCK_H = 1  # a program per (query, head): 16 heads a program left one CTA reading all splits
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One optimized-decode configuration: tile rows, warps, stages, next-tile prefetch, CTAs per SM80 SM
+    (the split heuristic's slots). All variants compute the same per-tile operations in the same order,
+    so their outputs are bitwise equal at equal split counts (tested)."""
+
+    rows: int
+    warps: int
+    stages: int
+    prefetch: bool
+    ctas_per_sm: int
+
+
+# opt-in variants (DEEPINFER_SM80_SPARSE_MLA_DECODE=<name>), timed beside the default on the H200
+# (docs/SPARSE_MLA.md "Variants"); "default" is the shipped configuration above. The prefetch at 4 warps
+# spills 40-64 B on sm_80/86 (the next tile's bytes on top of 255 registers), so it is not offered.
+VARIANTS = {
+    "default": Variant(BLOCK_N, NUM_WARPS, NUM_STAGES, False, CTAS_PER_SM),
+    "w8": Variant(BLOCK_N, 8, NUM_STAGES, False, 1),
+    "prefetch-w8": Variant(BLOCK_N, 8, 1, True, 1),
+    "r32-w8": Variant(32, 8, 1, False, 1),  # 2 stages: 102,912 B smem, over sm_86
+    "prefetch-r32-w8": Variant(32, 8, 1, True, 1),
+}
+VARIANT_ENV = "DEEPINFER_SM80_SPARSE_MLA_DECODE"
+
+
+def variant_from_env() -> Variant:
+    """The variant DEEPINFER_SM80_SPARSE_MLA_DECODE names (unset: default); an unknown name is an error."""
+    name = os.environ.get(VARIANT_ENV, "default") or "default"
+    if name not in VARIANTS:
+        raise ValueError(f"{VARIANT_ENV}={name!r}: expected one of {sorted(VARIANTS)}")
+    return VARIANTS[name]
 
 
 @functools.cache
@@ -67,12 +102,19 @@ def base_num_splits(num_queries: int, heads_blocks: int, avg_main: float, avg_ex
     return best
 
 
-def num_splits(num_queries: int, heads_blocks: int, avg_rows: float, sms: int, block_n: int = BLOCK_N) -> int:
+def num_splits(
+    num_queries: int,
+    heads_blocks: int,
+    avg_rows: float,
+    sms: int,
+    block_n: int = BLOCK_N,
+    ctas_per_sm: int = CTAS_PER_SM,
+) -> int:
     """Splits for the optimized kernel: cost(s) = waves(s)·(tiles per split + 1) + [s > 1]·(1 + s/16),
     waves = ceil(Tq·head_blocks·s / (CTAS_PER_SM·SMs)); the +1 is a CTA's fixed work
     (Q load, epilogue) and the last term the reduce launch. Ties go to fewer splits."""
     tiles = max(1, math.ceil(avg_rows / block_n))
-    slots = CTAS_PER_SM * sms
+    slots = ctas_per_sm * sms
     work = max(1, num_queries * heads_blocks)
     if work >= slots:
         # a full wave already: splitting would only even out the last wave, while each split adds a
@@ -172,10 +214,12 @@ def decode_into(
     level: str,
     splits: int | None = None,
     force_reduce: bool = False,
-    tile: tuple[int, int, int] = (BLOCK_N, NUM_WARPS, NUM_STAGES),
+    tile: tuple[int, int, int] | None = None,
+    variant: Variant | None = None,
 ) -> None:
-    """Launch one level's kernels into `out` [Tq, H, 512] bf16. `splits`, `force_reduce` and the optimized
-    kernel's `tile` (rows, warps, stages) are test and bench knobs."""
+    """Launch one level's kernels into `out` [Tq, H, 512] bf16. `splits`, `force_reduce`, the optimized
+    kernel's `tile` (rows, warps, stages) and `variant` (default: DEEPINFER_SM80_SPARSE_MLA_DECODE) are
+    test and bench knobs; `tile` overrides the variant's tile."""
     num_queries, num_heads = q.shape[0], q.shape[1]
     if num_queries == 0 or num_heads == 0:
         return
@@ -208,10 +252,13 @@ def decode_into(
         heads_blocks = triton.cdiv(num_heads, block_h)
         s = splits or base_num_splits(num_queries, heads_blocks, main.avg_rows, avg_extra, _sm_count(dev))
     else:
+        var = variant or variant_from_env()
+        if tile is None:
+            tile = (var.rows, var.warps, var.stages)
         block_h = block_h_for(num_heads)
         heads_blocks = triton.cdiv(num_heads, block_h)
         s = splits or num_splits(
-            num_queries, heads_blocks, main.avg_rows + avg_extra, _sm_count(dev), tile[0]
+            num_queries, heads_blocks, main.avg_rows + avg_extra, _sm_count(dev), tile[0], var.ctas_per_sm
         )
     direct = level != "base" and s == 1 and not force_reduce
     if direct:
@@ -253,6 +300,7 @@ def decode_into(
             DIRECT=direct,
             HAS_SINK=attn_sink is not None,
             FUSE_INV_ROPE=positions is not None,
+            PREFETCH=var.prefetch,
             num_warps=tile[1],
             num_stages=tile[2],
         )
@@ -463,7 +511,9 @@ def _const(sig: dict[str, str]) -> dict[str, str]:
 
 
 _BASE_SIG = _const(_sig(_HEAD_ARGS + _PART + _FLAGS + " BLOCK_K", _PTRS))
-_OPT_SIG = _const(_sig(_HEAD_ARGS + _PART + _TAIL + _FLAGS + " BLOCK_N DIRECT HAS_SINK FUSE_INV_ROPE", _PTRS))
+_OPT_SIG = _const(
+    _sig(_HEAD_ARGS + _PART + _TAIL + _FLAGS + " BLOCK_N DIRECT HAS_SINK FUSE_INV_ROPE PREFETCH", _PTRS)
+)
 _RED_SIG = _const(
     _sig(
         "part_m_ptr part_l_ptr part_acc_ptr num_splits num_heads" + _TAIL + " HAS_SINK FUSE_INV_ROPE BLOCK_H",
@@ -495,12 +545,36 @@ COMPILE_SPECS = (
                 "DIRECT": direct,
                 "HAS_SINK": True,
                 "FUSE_INV_ROPE": True,
+                "PREFETCH": False,
             },
             num_warps=NUM_WARPS,
             num_stages=NUM_STAGES,
             divisible_by_16=_ALIGNED,
         )
         for direct, extra in ((True, True), (False, True), (True, False))
+    ),
+    # the opt-in variants (VARIANTS), direct and split, both segments
+    *(
+        CompileSpec(
+            f"sparse_mla.decode.opt.{name}.{'direct' if direct else 'split'}",
+            _decode_kernel,
+            _OPT_SIG,
+            {
+                **_PROD,
+                "BLOCK_H": 16,
+                "BLOCK_N": var.rows,
+                "DIRECT": direct,
+                "HAS_SINK": True,
+                "FUSE_INV_ROPE": True,
+                "PREFETCH": var.prefetch,
+            },
+            num_warps=var.warps,
+            num_stages=var.stages,
+            divisible_by_16=_ALIGNED,
+        )
+        for name, var in VARIANTS.items()
+        if name != "default"
+        for direct in (True, False)
     ),
     *(
         CompileSpec(

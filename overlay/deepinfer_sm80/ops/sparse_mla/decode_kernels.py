@@ -17,6 +17,8 @@ from deepinfer_sm80.ops.sparse_mla.tiles import (
     _ROPE,
     finish_store,
     k_tile_512,
+    k_tile_decode,
+    k_tile_load,
     k_tile_split,
     mma,
     online_update,
@@ -35,6 +37,42 @@ def segment(q_idx, off_ptr, len_ptr, row_stride, width, RAGGED: tl.constexpr):
         start = q_idx.to(tl.int64) * row_stride
         length = tl.minimum(tl.maximum(tl.load(len_ptr + q_idx), 0), width)
     return start, length
+
+
+@triton.jit
+def joint_records(
+    j,
+    hi,
+    main_len,
+    main_cache_ptr,
+    main_page_stride,
+    main_rows,
+    main_idx_ptr,
+    main_start,
+    extra_cache_ptr,
+    extra_page_stride,
+    extra_rows,
+    extra_idx_ptr,
+    extra_start,
+    HAS_EXTRA: tl.constexpr,
+    MAIN_BS: tl.constexpr,
+    EXTRA_BS: tl.constexpr,
+):
+    """Record pointers and validity of list positions j ([N]) of the joint list (SWA rows, then top-k)."""
+    in_main = (j < main_len) & (j < hi)
+    slot_m = tl.load(main_idx_ptr + main_start + j, mask=in_main, other=-1)
+    valid_m = in_main & (slot_m >= 0) & (slot_m < main_rows)
+    data_ptr, scale_ptr = record_ptrs(main_cache_ptr, slot_m, valid_m, main_page_stride, MAIN_BS)
+    valid = valid_m
+    if HAS_EXTRA:
+        in_extra = (j >= main_len) & (j < hi)
+        slot_e = tl.load(extra_idx_ptr + extra_start + (j - main_len), mask=in_extra, other=-1)
+        valid_e = in_extra & (slot_e >= 0) & (slot_e < extra_rows)
+        data_e, scale_e = record_ptrs(extra_cache_ptr, slot_e, valid_e, extra_page_stride, EXTRA_BS)
+        data_ptr = tl.where(in_main, data_ptr, data_e)
+        scale_ptr = tl.where(in_main, scale_ptr, scale_e)
+        valid = valid_m | valid_e
+    return data_ptr, scale_ptr, valid
 
 
 @triton.jit
@@ -278,6 +316,7 @@ def _decode_kernel(
     DIRECT: tl.constexpr,
     HAS_SINK: tl.constexpr,
     FUSE_INV_ROPE: tl.constexpr,
+    PREFETCH: tl.constexpr = False,
 ):
     """Grid (Tq, S, ceil(H / BLOCK_H)). Rows 0..Lm-1 of a query's list are its SWA slots, Lm..Lm+Le-1 its
     top-k slots; split s takes BLOCK_N-aligned chunk s of that list. DIRECT (S = 1): sink, normalisation,
@@ -309,25 +348,73 @@ def _decode_kernel(
     l_i = tl.zeros((BLOCK_H,), tl.float32)
     acc = tl.zeros((BLOCK_H, _HEAD), tl.float32)
     offs = tl.arange(0, BLOCK_N)
-    for k0 in tl.range(lo, hi, BLOCK_N):
-        j = k0 + offs
-        in_main = (j < main_len) & (j < hi)
-        in_extra = (j >= main_len) & (j < hi)
-        slot_m = tl.load(main_idx_ptr + main_start + j, mask=in_main, other=-1)
-        valid_m = in_main & (slot_m >= 0) & (slot_m < main_rows)
-        data_ptr, scale_ptr = record_ptrs(main_cache_ptr, slot_m, valid_m, main_page_stride, MAIN_BS)
-        valid = valid_m
-        if HAS_EXTRA:
-            slot_e = tl.load(extra_idx_ptr + extra_start + (j - main_len), mask=in_extra, other=-1)
-            valid_e = in_extra & (slot_e >= 0) & (slot_e < extra_rows)
-            data_e, scale_e = record_ptrs(extra_cache_ptr, slot_e, valid_e, extra_page_stride, EXTRA_BS)
-            data_ptr = tl.where(in_main, data_ptr, data_e)
-            scale_ptr = tl.where(in_main, scale_ptr, scale_e)
-            valid = valid_m | valid_e
-        k = k_tile_512(data_ptr, scale_ptr, valid, BLOCK_N)  # [BLOCK_N, 512] bf16
-        scores = mma(q, tl.trans(k)) * scale
-        m_i, alpha, p, l_i = online_update(m_i, l_i, scores, valid)
-        acc = acc * alpha[:, None] + mma(p.to(tl.bfloat16), k)
+    if PREFETCH:
+        # the next tile's slot and record loads are issued before this tile's decode and products, so
+        # its index -> record chain (two dependent memory round trips) overlaps this tile's work
+        data_ptr, scale_ptr, valid = joint_records(
+            lo + offs,
+            hi,
+            main_len,
+            main_cache_ptr,
+            main_page_stride,
+            main_rows,
+            main_idx_ptr,
+            main_start,
+            extra_cache_ptr,
+            extra_page_stride,
+            extra_rows,
+            extra_idx_ptr,
+            extra_start,
+            HAS_EXTRA,
+            MAIN_BS,
+            EXTRA_BS,
+        )
+        codes, word, rope = k_tile_load(data_ptr, scale_ptr, valid)
+        for k0 in tl.range(lo, hi, BLOCK_N, num_stages=1):
+            data_n, scale_n, valid_n = joint_records(
+                k0 + BLOCK_N + offs,
+                hi,
+                main_len,
+                main_cache_ptr,
+                main_page_stride,
+                main_rows,
+                main_idx_ptr,
+                main_start,
+                extra_cache_ptr,
+                extra_page_stride,
+                extra_rows,
+                extra_idx_ptr,
+                extra_start,
+                HAS_EXTRA,
+                MAIN_BS,
+                EXTRA_BS,
+            )
+            codes_n, word_n, rope_n = k_tile_load(data_n, scale_n, valid_n)
+            k = k_tile_decode(codes, word, rope, BLOCK_N)  # [BLOCK_N, 512] bf16
+            scores = mma(q, tl.trans(k)) * scale
+            m_i, alpha, p, l_i = online_update(m_i, l_i, scores, valid)
+            acc = acc * alpha[:, None] + mma(p.to(tl.bfloat16), k)
+            codes, word, rope, valid = codes_n, word_n, rope_n, valid_n
+    else:
+        for k0 in tl.range(lo, hi, BLOCK_N):
+            j = k0 + offs
+            in_main = (j < main_len) & (j < hi)
+            in_extra = (j >= main_len) & (j < hi)
+            slot_m = tl.load(main_idx_ptr + main_start + j, mask=in_main, other=-1)
+            valid_m = in_main & (slot_m >= 0) & (slot_m < main_rows)
+            data_ptr, scale_ptr = record_ptrs(main_cache_ptr, slot_m, valid_m, main_page_stride, MAIN_BS)
+            valid = valid_m
+            if HAS_EXTRA:
+                slot_e = tl.load(extra_idx_ptr + extra_start + (j - main_len), mask=in_extra, other=-1)
+                valid_e = in_extra & (slot_e >= 0) & (slot_e < extra_rows)
+                data_e, scale_e = record_ptrs(extra_cache_ptr, slot_e, valid_e, extra_page_stride, EXTRA_BS)
+                data_ptr = tl.where(in_main, data_ptr, data_e)
+                scale_ptr = tl.where(in_main, scale_ptr, scale_e)
+                valid = valid_m | valid_e
+            k = k_tile_512(data_ptr, scale_ptr, valid, BLOCK_N)  # [BLOCK_N, 512] bf16
+            scores = mma(q, tl.trans(k)) * scale
+            m_i, alpha, p, l_i = online_update(m_i, l_i, scores, valid)
+            acc = acc * alpha[:, None] + mma(p.to(tl.bfloat16), k)
 
     if DIRECT:
         if HAS_SINK:

@@ -70,24 +70,40 @@ def k_tile_split(data_ptr, scale_ptr, valid):
 
 
 @triton.jit
+def k_tile_load(data_ptr, scale_ptr, valid):
+    """The raw bytes of a K tile: NoPE codes [N, 8, 64] (group 7 zero), the 8 scale bytes as one 64-bit
+    word [N], the 64 RoPE values [N, 1, 64] bf16; invalid rows read as 0. Split from k_tile_decode so a
+    kernel can issue the next tile's loads before it decodes this one (the prefetch variant)."""
+    g = tl.arange(0, _N_GROUPS + 1)[None, :, None]  # [1, 8, 1]
+    col = g * _GROUP + tl.arange(0, _GROUP)[None, None, :]  # [1, 8, 64]
+    v3 = valid[:, None, None]
+    codes = tl.load(data_ptr[:, None, None] + col, mask=v3 & (g < _N_GROUPS), other=0)  # [N, 8, 64]
+    word = tl.load(scale_ptr.to(tl.pointer_type(tl.int64)), mask=valid, other=0)  # [N] 8 scale bytes
+    rope_ptr = (data_ptr + _NOPE).to(tl.pointer_type(tl.bfloat16))
+    rope = tl.load(rope_ptr[:, None, None] + tl.arange(0, _GROUP)[None, None, :], mask=v3, other=0.0)
+    return codes, word, rope
+
+
+@triton.jit
+def k_tile_decode(codes, word, rope, BLOCK_N: tl.constexpr):
+    """k_tile_load's bytes -> the [BLOCK_N, 512] bf16 K tile (UE8M0 by bit placement, NaN -> 0)."""
+    g = tl.arange(0, _N_GROUPS + 1)[None, :, None]  # [1, 8, 1]
+    u = (word[:, None, None] >> (8 * g)) & 0xFF  # [N, 8, 1]: little-endian byte g
+    nope = e4m3_to_f32(codes) * ue8m0_to_f32(u)
+    k = tl.where(g < _N_GROUPS, nope, rope.to(tl.float32))  # [N, 8, 64] fp32: every value exact
+    k = tl.where(k == k, k, 0.0).to(tl.bfloat16)
+    return tl.reshape(k, (BLOCK_N, _HEAD))
+
+
+@triton.jit
 def k_tile_512(data_ptr, scale_ptr, valid, BLOCK_N: tl.constexpr):
     """The whole 512-wide K row in registers: 7 dequantized 64-groups, then the 64 RoPE values as group 7.
 
     The 8 scale bytes arrive as one 64-bit word and each group's byte comes out by a shift (UE8M0 by
     bit placement, docs/FP8_DS_MLA.md). Returns [BLOCK_N, 512] bf16, NaN -> 0, invalid rows 0.
     """
-    g = tl.arange(0, _N_GROUPS + 1)[None, :, None]  # [1, 8, 1]
-    col = g * _GROUP + tl.arange(0, _GROUP)[None, None, :]  # [1, 8, 64]
-    v3 = valid[:, None, None]
-    codes = tl.load(data_ptr[:, None, None] + col, mask=v3 & (g < _N_GROUPS), other=0)  # [N, 8, 64]
-    word = tl.load(scale_ptr.to(tl.pointer_type(tl.int64)), mask=valid, other=0)  # [N] 8 scale bytes
-    u = (word[:, None, None] >> (8 * g)) & 0xFF  # [N, 8, 1]: little-endian byte g
-    nope = e4m3_to_f32(codes) * ue8m0_to_f32(u)
-    rope_ptr = (data_ptr + _NOPE).to(tl.pointer_type(tl.bfloat16))
-    rope = tl.load(rope_ptr[:, None, None] + tl.arange(0, _GROUP)[None, None, :], mask=v3, other=0.0)
-    k = tl.where(g < _N_GROUPS, nope, rope.to(tl.float32))  # [N, 8, 64] fp32: every value exact
-    k = tl.where(k == k, k, 0.0).to(tl.bfloat16)
-    return tl.reshape(k, (BLOCK_N, _HEAD))
+    codes, word, rope = k_tile_load(data_ptr, scale_ptr, valid)
+    return k_tile_decode(codes, word, rope, BLOCK_N)
 
 
 @triton.jit
