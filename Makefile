@@ -111,6 +111,14 @@ image-smoke: fetch-vllm
 bench-ab: setup
 	$(PY) -m deepinfer_harness bench-ab --profile $(PROFILE) $(if $(MODEL),--model $(MODEL)) $(BENCH_ARGS)
 
+# The regions between <!-- report:KIND … --> markers in README.md, docs/*.md and docker/README.md, from
+# results/ (scripts/report.py); first every results JSON's provenance and target directions
+# (scripts/results_provenance.py). Both stdlib-only and idempotent: on a clean checkout nothing changes.
+.PHONY: report
+report:
+	$(or $(wildcard $(PY)),$(PYTHON)) scripts/results_provenance.py
+	$(or $(wildcard $(PY)),$(PYTHON)) scripts/report.py
+
 charts: setup
 	$(PY) -m deepinfer_harness charts --results results --charts charts
 	$(PY) scripts/kernel_charts.py results/gpu charts/kernels

@@ -1,0 +1,357 @@
+"""`make report`: the result tables and figures in README.md, docs/*.md and docker/README.md, from results/.
+
+A document owns prose; the renderer owns marked regions:
+
+    <!-- report:KIND key=value ... -->
+    (rendered text; block regions start and end on their own lines, inline ones sit in a sentence)
+    <!-- /report:KIND -->
+
+KIND picks a renderer below (RENDERERS), the key=value arguments say which results file and which rows.
+`file=` paths are relative to results/. Running it twice changes nothing; `--check` changes nothing
+and exits 1 naming each region whose text differs from what the JSON gives (tests/test_report.py).
+A marker naming an unknown kind, a missing file or a row the file does not have fails in one line.
+
+Usage: python scripts/report.py [--check] [--root DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import xml.etree.ElementTree as ET
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCUMENTS = ("README.md", "docs/*.md", "docker/README.md")
+REGION = re.compile(
+    r"<!-- report:(?P<kind>[\w-]+)(?P<args>[^>]*?) -->(?P<body>.*?)<!-- /report:(?P=kind) -->", re.S
+)
+IMPL_ORDER = ("deepinfer", "base", "upstream", "torch")
+SYMBOL = {">=": "≥", "<=": "≤", "==": "="}
+NAME = {"deepinfer": "DeepInfer", "base": "base", "upstream": "upstream", "torch": "torch"}
+
+
+class ReportError(Exception):
+    """A marker the renderer cannot honour: its message is the one line the user sees."""
+
+
+# ----------------------------------------------------------------------------- formatting
+def num(x: float | int | None, digits: int | None = None) -> str:
+    """µs and GB/s as the tables print them: 1 decimal from 10, 2 below, thousands separated."""
+    if x is None:
+        return "–"
+    if isinstance(x, int) and digits is None:
+        return f"{x:,}"
+    if digits is None:
+        digits = 1 if abs(x) >= 10 else 2
+    return f"{x:,.{digits}f}"
+
+
+def ratio(a: float | None, b: float | None) -> str:
+    """a / b as `1.23×`; – where either is missing."""
+    return f"{a / b:.2f}×" if a and b else "–"
+
+
+def size_label(n: int) -> str:
+    """Token / key counts as the benches name them: 4096 -> 4K, 1048576 -> 1M."""
+    if n >= 1 << 20 and n % (1 << 20) == 0:
+        return f"{n >> 20}M"
+    if n >= 1 << 10 and n % (1 << 10) == 0:
+        return f"{n >> 10}K"
+    return str(n)
+
+
+def table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- inputs
+class Results:
+    def __init__(self, root: Path) -> None:
+        self.dir = root / "results"
+        self._cache: dict[str, object] = {}
+
+    def path(self, rel: str) -> Path:
+        path = self.dir / rel
+        if not path.is_file():
+            raise ReportError(f"results/{rel}: no such file")
+        return path
+
+    def json(self, rel: str) -> dict:
+        if rel not in self._cache:
+            self._cache[rel] = json.loads(self.path(rel).read_text())
+        return self._cache[rel]  # type: ignore[return-value]
+
+
+def _list(args: dict[str, str], key: str) -> list[str]:
+    return [v for v in args.get(key, "").split(",") if v]
+
+
+def _need(args: dict[str, str], key: str) -> str:
+    if key not in args:
+        raise ReportError(f"argument {key}= missing")
+    return args[key]
+
+
+def _rows(res: Results, args: dict[str, str]) -> list[dict]:
+    rel, op = _need(args, "file"), _need(args, "op")
+    rows = [r for r in res.json(rel).get("rows", []) if r["op"] == op]
+    if not rows:
+        raise ReportError(f"results/{rel}: no rows of op {op!r}")
+    return rows
+
+
+# ----------------------------------------------------------------------------- renderers
+def render_rows(res: Results, args: dict[str, str]) -> str:
+    """One line per (shape, size): each impl's µs, DeepInfer's % of copy and × floor, speed-ups."""
+    rows = _rows(res, args)
+    shapes = _list(args, "shapes") or sorted({r["shape"] for r in rows})
+    sizes = [int(s) for s in _list(args, "sizes")]
+    impls = [i for i in IMPL_ORDER if any(r["impl"] == i for r in rows)]
+    by = {(r["shape"], r["size"], r["impl"]): r for r in rows}
+    header = ["shape", args.get("size_name", "size")]
+    header += [f"{NAME[i]} µs" for i in impls] + ["DeepInfer % of copy", "DeepInfer × floor"]
+    header += [f"× {i}" for i in impls if i != "deepinfer"]
+    out = []
+    for shape in shapes:
+        present = sorted({s for (sh, s, _) in by if sh == shape})
+        if not present:
+            raise ReportError(f"results/{args['file']}: no rows of shape {shape!r}")
+        for size in [s for s in present if not sizes or s in sizes]:
+            cell = {i: by.get((shape, size, i)) for i in impls}
+            ours = cell.get("deepinfer")
+            us = {i: (c["us"] if c else None) for i, c in cell.items()}
+            line = [shape, size_label(size)] + [num(us[i]) for i in impls]
+            line.append(num(ours["pct_of_copy"], 0) if ours and ours.get("pct_of_copy") is not None else "–")
+            line.append(ratio(ours["us"], ours["floor_us"]) if ours and ours.get("floor_us") else "–")
+            line += [ratio(us[i], us.get("deepinfer")) for i in impls if i != "deepinfer"]
+            out.append(line)
+    if sizes and len(out) < len(sizes) * len(shapes):
+        raise ReportError(f"results/{args['file']}: sizes {sizes} not all present for {shapes}")
+    return table(header, out)
+
+
+def render_grid(res: Results, args: dict[str, str]) -> str:
+    """Shapes down, sizes across, each cell `impl1 / impl2 / …` µs (the order in `impls=`)."""
+    rows = _rows(res, args)
+    impls = _list(args, "impls") or ["base", "deepinfer", "upstream"]
+    by = {(r["shape"], r["size"], r["impl"]): r["us"] for r in rows}
+    shapes = _list(args, "shapes") or sorted({r["shape"] for r in rows})
+    sizes = [int(s) for s in _list(args, "sizes")] or sorted({r["size"] for r in rows})
+    header = [args.get("corner", "shape")] + [size_label(s) for s in sizes]
+    out = []
+    for shape in shapes:
+        cells = []
+        for size in sizes:
+            vals = [by.get((shape, size, i)) for i in impls]
+            if all(v is None for v in vals):
+                raise ReportError(f"results/{args['file']}: no {shape} rows at size {size}")
+            cells.append(" / ".join(num(v) for v in vals))
+        out.append([shape, *cells])
+    return table(header, out)
+
+
+def _measured(value: object) -> str:
+    if isinstance(value, float):
+        return num(value, 3 if abs(value) < 10 else None)
+    if isinstance(value, int):
+        return num(value)
+    return "not measured" if value is None else str(value)
+
+
+def render_targets(res: Results, args: dict[str, str]) -> str:
+    """Every target of the listed files: measured, the goal with its direction, met, the cause."""
+    out = []
+    grep = args.get("match", "")
+    for rel in _list(args, "files") or [_need(args, "file")]:
+        targets = res.json(rel).get("targets") or []
+        if not targets:
+            raise ReportError(f"results/{rel}: no targets")
+        for t in targets:
+            if grep and grep not in t["name"]:
+                continue
+            shown = _measured(t["measured"])
+            goal = f"{SYMBOL[t['direction']]} {t['goal']} {t['unit']}".strip()
+            out.append([t["name"], f"{shown} {t['unit']}".strip(), goal, "met" if t["met"] else "**missed**",
+                        t.get("cause") or ""])  # fmt: skip
+    if not out:
+        raise ReportError(f"no target matches {grep!r}")
+    return table(["target", "measured", "goal", "met", "cause (as the JSON records it)"], out)
+
+
+def render_setup(res: Results, args: dict[str, str]) -> str:
+    """The hardware, versions, dates and copy ceilings of the listed GPU results files."""
+    docs = [res.json(rel) for rel in _need(args, "files").split(",")]
+    provs = [d["provenance"] for d in docs]
+    ceilings = [d["ceilings"] for d in docs if "ceilings" in d] + [
+        d["environment"]["ceilings"] for d in docs if "ceilings" in d.get("environment", {})
+    ]
+
+    def values(key: str) -> str:
+        return ", ".join(sorted({str(p[key]) for p in provs if p.get(key)}))
+
+    copy = [c["copy_gbps"] / 1e3 for c in ceilings]
+    launch = [c["empty_launch_us"] for c in ceilings]
+    dates = sorted({str(p["date"])[:10] for p in provs})
+    return (
+        f"Hardware: {values('hardware')}, driver {values('driver')}; torch {values('torch')}, "
+        f"triton {values('triton')}; run on {', '.join(dates)}. Copy ceiling (best of three "
+        f"device-to-device copies, bytes read + written) {min(copy):.2f}–{max(copy):.2f} TB/s and empty "
+        f"launch {min(launch):.2f}–{max(launch):.2f} µs over these {len(docs)} files."
+    )
+
+
+def render_junit(res: Results, args: dict[str, str]) -> str:
+    """`N passed, M failed, K skipped of T` from a pytest JUnit XML."""
+    root = ET.parse(res.path(_need(args, "file"))).getroot()
+    suite = root if root.tag == "testsuite" else root.find("testsuite")
+    if suite is None:
+        raise ReportError(f"results/{args['file']}: no testsuite element")
+    total, failed = int(suite.get("tests", 0)), int(suite.get("failures", 0)) + int(suite.get("errors", 0))
+    skipped = int(suite.get("skipped", 0))
+    return f"{total - failed - skipped} passed, {failed} failed, {skipped} skipped of {total}"
+
+
+def render_progress(res: Results, args: dict[str, str]) -> str:
+    """Outcomes in a quiet pytest log's progress lines (`..F.s [ 16%]`), counted."""
+    text = res.path(_need(args, "file")).read_text()
+    marks = "".join(m.group(1) for m in re.finditer(r"^([.FsExX]+)\s*(?:\[\s*\d+%\])?\s*$", text, re.M))
+    if not marks:
+        raise ReportError(f"results/{args['file']}: no pytest progress lines")
+    return (f"{len(marks)} results logged ({marks.count('.')} passed, {marks.count('F')} failed, "
+            f"{marks.count('s')} skipped)")  # fmt: skip
+
+
+def render_sanitize(res: Results, args: dict[str, str]) -> str:
+    """compute-sanitizer's error summary and pytest's pass count from a sanitizer log."""
+    text = res.path(_need(args, "file")).read_text()
+    errors = re.findall(r"ERROR SUMMARY: (\d+) error", text)
+    passed = re.findall(r"(\d+) passed", text)
+    if not errors or not passed:
+        raise ReportError(f"results/{args['file']}: no ERROR SUMMARY / passed line")
+    return f"{errors[-1]} errors over {passed[-1]} tests"
+
+
+def render_value(res: Results, args: dict[str, str]) -> str:
+    """One value of a JSON by path (`results.decode_64K_r1.logits_us`), formatted like the tables."""
+    node: object = res.json(_need(args, "file"))
+    for key in _need(args, "path").split("."):
+        if isinstance(node, list):
+            node = node[int(key)]
+        elif isinstance(node, dict) and key in node:
+            node = node[key]
+        else:
+            raise ReportError(f"results/{args['file']}: no {args['path']!r}")
+    if isinstance(node, float):
+        return num(node, int(args["digits"]) if "digits" in args else None) + args.get("unit", "")
+    return f"{node}{args.get('unit', '')}"
+
+
+def render_image_smoke(res: Results, args: dict[str, str]) -> str:
+    """Per-stage seconds, image sizes and digests of `make image-smoke` runs (results/image-smoke*.json)."""
+    rels = sorted(p.relative_to(res.dir).as_posix() for p in res.dir.glob("image-smoke*.json"))
+    if not rels:
+        return "No `make image-smoke` result is committed (no `results/image-smoke*.json`): no figures."
+    out = []
+    for rel in rels:
+        doc = res.json(rel)
+        for stage in doc["stages"]:
+            out.append([rel, doc["cache"], stage["name"], num(float(stage["seconds"]), 0), stage["status"]])
+    lines = [table(["run", "cache", "stage", "seconds", "status"], out), ""]
+    images = []
+    for rel in rels:
+        for img in res.json(rel).get("images", []):
+            images.append([rel, img["tag"], f"{img['size_bytes'] / 1e9:.2f} GB", f"`{img['id'][:19]}`"])
+    if images:
+        lines.append(table(["run", "image", "size", "image id"], images))
+    return "\n".join(lines).rstrip()
+
+
+RENDERERS: dict[str, Callable[[Results, dict[str, str]], str]] = {
+    "rows": render_rows,
+    "grid": render_grid,
+    "targets": render_targets,
+    "setup": render_setup,
+    "junit": render_junit,
+    "progress": render_progress,
+    "sanitize": render_sanitize,
+    "value": render_value,
+    "image-smoke": render_image_smoke,
+}
+
+
+# ----------------------------------------------------------------------------- documents
+def documents(root: Path) -> list[Path]:
+    return sorted({p for pattern in DOCUMENTS for p in root.glob(pattern)})
+
+
+def parse_args(text: str) -> dict[str, str]:
+    args = {}
+    for token in text.split():
+        key, sep, value = token.partition("=")
+        if not sep:
+            raise ReportError(f"marker argument {token!r} is not key=value")
+        args[key] = value
+    return args
+
+
+def render_document(text: str, res: Results, where: str) -> tuple[str, list[str]]:
+    """The document with every region re-rendered, and the names of the regions that changed."""
+    changed: list[str] = []
+
+    def one(m: re.Match[str]) -> str:
+        kind, body = m.group("kind"), m.group("body")
+        if kind not in RENDERERS:
+            raise ReportError(f"{where}: unknown report kind {kind!r} (known: {', '.join(RENDERERS)})")
+        try:
+            rendered = RENDERERS[kind](res, parse_args(m.group("args")))
+        except ReportError as err:
+            raise ReportError(f"{where}: report:{kind}{m.group('args')}: {err}") from None
+        new = f"\n{rendered}\n" if "\n" in body or "\n" in rendered else rendered
+        if new != body:
+            changed.append(f"{where}: report:{kind}{m.group('args')}")
+        return f"<!-- report:{kind}{m.group('args')} -->{new}<!-- /report:{kind} -->"
+
+    out = REGION.sub(one, text)
+    opened, closed = len(re.findall(r"<!-- report:", out)), len(re.findall(r"<!-- /report:", out))
+    if opened != closed:
+        raise ReportError(f"{where}: {opened} report markers opened, {closed} closed")
+    return out, changed
+
+
+def run(root: Path, check: bool) -> list[str]:
+    res = Results(root)
+    changed: list[str] = []
+    for path in documents(root):
+        text = path.read_text()
+        new, diffs = render_document(text, res, path.relative_to(root).as_posix())
+        changed += diffs
+        if new != text and not check:
+            path.write_text(new)
+    return changed
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="change nothing; exit 1 if a region is stale")
+    parser.add_argument("--root", type=Path, default=ROOT)
+    args = parser.parse_args(argv)
+    try:
+        changed = run(args.root, args.check)
+    except (ReportError, json.JSONDecodeError, ET.ParseError, KeyError) as err:
+        print(f"report: {err}", file=sys.stderr)
+        return 2
+    if args.check and changed:
+        print("report: regions differ from results/ (run `make report`):\n  " + "\n  ".join(changed))
+        return 1
+    print(f"report: {len(changed)} regions {'would change' if args.check else 're-rendered'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

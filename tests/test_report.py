@@ -1,0 +1,79 @@
+"""Every rendered region of README.md, docs/*.md and docker/README.md equals what results/ gives."""
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+import report
+from conftest import ROOT
+
+SCRIPT = ROOT / "scripts" / "report.py"
+
+
+def _check(root) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), "--check", "--root", str(root)], capture_output=True, text=True
+    )
+
+
+def test_rendered_regions_match_the_results():
+    proc = _check(ROOT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_the_documents_have_regions():
+    kinds = {m.group("kind") for p in report.documents(ROOT) for m in report.REGION.finditer(p.read_text())}
+    assert {"rows", "targets", "setup"} <= kinds
+
+
+@pytest.fixture
+def tree(tmp_path):
+    """A copy of the documents and the results they render from."""
+    for rel in ("README.md", "docs", "docker/README.md", "results/gpu", "results/sm80-compile.json"):
+        src, dst = ROOT / rel, tmp_path / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        (shutil.copytree if src.is_dir() else shutil.copy)(src, dst)
+    return tmp_path
+
+
+def test_a_hand_edited_number_in_a_region_fails(tree):
+    readme = tree / "README.md"
+    text = readme.read_text()
+    start = text.index("<!-- report:rows file=gpu/kv_gather-h200.json")
+    row = text.index("| bs128 |", start)
+    readme.write_text(text[:row] + text[row:].replace("28.3", "28.9", 1))
+    proc = _check(tree)
+    assert proc.returncode == 1 and "README.md: report:rows file=gpu/kv_gather-h200.json" in proc.stdout
+
+
+def test_a_changed_result_fails_until_rendered(tree):
+    path = tree / "results/gpu/kv_gather-h200.json"
+    doc = json.loads(path.read_text())
+    row = next(r for r in doc["rows"] if r["impl"] == "deepinfer" and r["size"] == 49152)
+    row["us"] = round(row["us"] * 2, 3)
+    path.write_text(json.dumps(doc))
+    assert _check(tree).returncode == 1
+    subprocess.run([sys.executable, str(SCRIPT), "--root", str(tree)], check=True, capture_output=True)
+    assert _check(tree).returncode == 0
+    assert f"| {report.num(row['us'])} |" in (tree / "README.md").read_text()
+
+
+def test_a_bad_marker_fails_in_one_line(tree):
+    doc = tree / "docs" / "OPERATORS.md"
+    doc.write_text(doc.read_text() + "\n<!-- report:nope file=x.json -->\n<!-- /report:nope -->\n")
+    proc = _check(tree)
+    assert proc.returncode == 2 and "unknown report kind 'nope'" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    doc.write_text(doc.read_text().replace("report:nope file=x.json", "report:targets file=missing.json"))
+    doc.write_text(doc.read_text().replace("/report:nope", "/report:targets"))
+    proc = _check(tree)
+    assert proc.returncode == 2 and "results/missing.json: no such file" in proc.stderr
+
+
+def test_number_formatting():
+    assert report.num(2158.6) == "2,158.6" and report.num(7.42) == "7.42" and report.num(5) == "5"
+    assert report.ratio(109.9, 28.3) == "3.88×" and report.ratio(None, 1.0) == "–"
+    assert report.size_label(49152) == "48K" and report.size_label(1 << 20) == "1M"
+    assert report.size_label(1536) == "1536"
