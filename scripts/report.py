@@ -272,6 +272,41 @@ def render_image_smoke(res: Results, args: dict[str, str]) -> str:
     return "\n".join(lines).rstrip()
 
 
+def render_compile(res: Results, args: dict[str, str]) -> str:
+    """Cross-compile resources (sm80-compile.json or sm80-reachability.json) of kernels named `match`."""
+    doc = res.json(_need(args, "file"))
+    match = _need(args, "match")
+    items = doc.get("kernels") if isinstance(doc.get("kernels"), list) and doc["kernels"] and isinstance(
+        doc["kernels"][0], dict) else doc.get("rows", [])  # fmt: skip
+    seen, out = set(), []
+    for k in items:
+        name = k.get("name") or k.get("kernel", "")
+        key = (name, k["arch"], k.get("regs"), k.get("spill_bytes"), k.get("smem_bytes"))
+        if match not in name or key in seen:
+            continue
+        seen.add(key)
+        ctas = k.get("max_ctas_per_sm")
+        out.append([f"`{name.rsplit('.', 1)[-1] if 'kernel' in k else name}`", f"sm_{k['arch']}",
+                    str(k.get("regs")), str(k.get("spill_bytes", 0)), num(k.get("smem_bytes")),
+                    "–" if ctas is None else str(ctas)])  # fmt: skip
+    if not out:
+        raise ReportError(f"results/{args['file']}: no kernel matching {match!r}")
+    return table(["kernel", "arch", "regs", "spill B", "smem B", "CTAs/SM"], out)
+
+
+def render_mapping(res: Results, args: dict[str, str]) -> str:
+    """A JSON object (by `path=`) as a two-column table, values formatted like the tables."""
+    node: object = res.json(_need(args, "file"))
+    for key in _need(args, "path").split("."):
+        if not isinstance(node, dict) or key not in node:
+            raise ReportError(f"results/{args['file']}: no {args['path']!r}")
+        node = node[key]
+    if not isinstance(node, dict):
+        raise ReportError(f"results/{args['file']}: {args['path']!r} is not an object")
+    cells = [[str(k), num(v) if isinstance(v, (int, float)) else str(v)] for k, v in node.items()]
+    return table([args.get("key", "case"), args.get("value", "value")], cells)
+
+
 RENDERERS: dict[str, Callable[[Results, dict[str, str]], str]] = {
     "rows": render_rows,
     "grid": render_grid,
@@ -281,6 +316,8 @@ RENDERERS: dict[str, Callable[[Results, dict[str, str]], str]] = {
     "progress": render_progress,
     "sanitize": render_sanitize,
     "value": render_value,
+    "compile": render_compile,
+    "mapping": render_mapping,
     "image-smoke": render_image_smoke,
 }
 
