@@ -61,10 +61,17 @@ def state_views(k_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(codes uint8 [blocks, block_size, 128], scales fp32 [blocks, block_size]) viewing k_cache's pages."""
     block_size = check_k_cache(k_cache)
     num_blocks, page = k_cache.shape[0], k_cache.stride(0)
-    flat = k_cache.as_strided((num_blocks, page), (page, 1))
-    codes = flat[:, : block_size * CODE_BYTES].reshape(num_blocks, block_size, CODE_BYTES)
-    scale_bytes = flat[:, block_size * CODE_BYTES : block_size * RECORD_BYTES]
-    if page % 4:
-        raise ValueError(f"indexer page stride {page} is not a multiple of 4 (fp32 scales)")
+    if page % 4 or k_cache.storage_offset() % 4:
+        raise ValueError(
+            f"indexer page stride {page} / offset {k_cache.storage_offset()}: not a multiple of 4 (fp32)"
+        )
+    # Each view spans only the block_size·132 bytes a page holds, not the full stride(0): several
+    # layers' pages share one physical block, so the last page's stride can reach past the storage.
+    codes = k_cache.as_strided((num_blocks, block_size, CODE_BYTES), (page, CODE_BYTES, 1))
+    scale_bytes = k_cache.as_strided(
+        (num_blocks, block_size * SCALE_BYTES),
+        (page, 1),
+        k_cache.storage_offset() + block_size * CODE_BYTES,
+    )
     scales = scale_bytes.view(torch.float32)  # [blocks, block_size]
     return codes, scales

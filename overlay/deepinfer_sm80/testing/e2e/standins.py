@@ -284,7 +284,7 @@ def mhc_shifted_post_pre(
     t, hc, hidden = residual.shape
     aux = out.aux if out.aux is not None else residual.new_empty(0, hidden)
     return (
-        out.streams.contiguous(),
+        out.residual.contiguous(),
         out.post.reshape(t, hc, 1).float(),
         out.comb.reshape(t, hc, hc).float(),
         out.layer_input,

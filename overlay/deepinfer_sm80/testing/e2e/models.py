@@ -1,0 +1,46 @@
+"""Config-only variants of a checkpoint: same weights (symlinked), a few text_config fields changed.
+
+With the released `index_topk` 512, a prompt of at most 512·ratio tokens takes V4.1's short-context
+branch (`models/deepseek_v41/attention.py:1483`) and the indexer never runs; lowering `index_topk`
+(and `candidate_topk_blocks`, which bounds layer 5's candidate-masked pass, 2048 blocks of 8 states
+at release) in config.json alone makes a prompt of a few dozen tokens select for real. Weight shapes
+do not depend on either field.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from deepinfer_sm80.testing.e2e import check_checkpoint
+
+# The long-context variant: top-16 of the compressed states; layer 5 masked to 4 candidate blocks of 8
+# (32 states), so a 48-token prompt (48 states at ratio 1, 24 at ratio 2) selects in every indexer.
+SELECTING = {"index_topk": 16, "candidate_topk_blocks": 4}
+
+
+def variant(ckpt: Path, work: Path, overrides: dict[str, object]) -> Path:
+    """A directory holding ckpt's files (symlinks) with `overrides` applied to config.json's text_config."""
+    cfg = check_checkpoint(ckpt)
+    if not overrides:
+        return Path(ckpt)
+    text = cfg.get("text_config", cfg)
+    unknown = sorted(k for k in overrides if k not in text)
+    if unknown:
+        raise KeyError(f"{ckpt}/config.json: no text_config field {unknown}")
+    tag = hashlib.sha256(json.dumps(overrides, sort_keys=True).encode()).hexdigest()[:10]
+    out = Path(work) / "models" / f"{Path(ckpt).resolve().name}-{tag}"
+    out.mkdir(parents=True, exist_ok=True)
+    for src in Path(ckpt).resolve().iterdir():
+        if src.name == "config.json" or src.name.startswith("."):
+            continue
+        link = out / src.name
+        if link.is_symlink() or link.exists():
+            if link.is_symlink() and link.resolve() == src.resolve():
+                continue
+            link.unlink()
+        link.symlink_to(src.resolve())
+    text.update(overrides)
+    (out / "config.json").write_text(json.dumps(cfg, indent=1) + "\n")
+    return out
