@@ -417,6 +417,9 @@ def main(out_dir: Path, ceilings: Ceilings) -> dict[str, object]:
     return {"rows": [r.as_dict() for r in rows], "targets": targets(results, launches), **results}
 
 
+GRAPH_SPEEDUP_GOAL = 1.05
+
+
 def _speedup(results: dict[str, Any], kind: str, B: int, how: str, mode: str, ours: str) -> tuple[float, str]:
     """Mean upstream/ours time ratio, and the measured times as the cause line of a miss."""
     entries = [e for e in results[kind] if e["B"] == B and e["mode"] == mode and e.get("tp", 1) == 1]
@@ -457,7 +460,9 @@ def targets(results: dict[str, Any], launches: dict[str, int | None]) -> list[di
                     direction="<=",
                 )
             )
-        for how, goal in (("eager", 3.0), ("graph", 1.0001)):
+        # graph: a gain counts from 5 % (a graph removes the launch overhead the eager goal is about, so
+        # what remains is kernel time; 1.0001 would call a 0.3 % difference "faster")
+        for how, goal in (("eager", 3.0), ("graph", GRAPH_SPEEDUP_GOAL)):
             for kind, ours, what in (
                 ("chains", "one-launch", "all K=5 positions, one launch"),
                 ("chains", "per-step", "all K=5 positions, per-step path"),

@@ -228,11 +228,24 @@ def rows_of(shape: dict[str, object]) -> list[Row]:
 
 
 def targets_of(shapes: list[dict[str, object]], ceilings: Ceilings) -> list[Target]:
-    """Issue goal: the kernel within 2x of its floor at T = 1536 and 4096 (ratio 1)."""
+    """Issue goal: the kernel within 2x of its floor, checked at every T and ratio timed (the worst of
+    each ratio): small T sit on the launch latency that the floor counts once."""
     out = []
-    for s in shapes:
-        if s["ratio"] == 1 and s["T"] in (1536, 4096):
-            speed = s["speedups"]
-            assert isinstance(speed, dict)
-            out.append(at_most(f"combine T={s['T']} x floor", speed["out_over_floor"], 2.0, "x floor"))
+    for ratio in sorted({int(s["ratio"]) for s in shapes}):  # type: ignore[call-overload]
+        worst = max(
+            (s for s in shapes if s["ratio"] == ratio),
+            key=lambda s: s["speedups"]["out_over_floor"],  # type: ignore[index]
+        )
+        speed = worst["speedups"]
+        assert isinstance(speed, dict)
+        out.append(
+            at_most(
+                f"combine x floor, worst over every T (T={worst['T']}, ratio {ratio})",
+                speed["out_over_floor"],
+                2.0,
+                "x floor",
+                cause="launch latency: at small T the kernel's ~2 us is the whole time (floor = bytes at "
+                "copy speed + one empty launch)",
+            )
+        )
     return out
