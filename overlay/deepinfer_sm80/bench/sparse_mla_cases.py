@@ -126,3 +126,60 @@ def prefill_inputs(
     kv = torch.randn(num_kv, 1, HEAD_DIM, generator=gen, device=on).bfloat16()
     sink = torch.randn(heads, generator=gen, device=on) * 2
     return PrefillInputs(q, kv, dense, lens_t, sink)
+
+
+def decode_sets(
+    swa_lens: list[int],
+    topk_lens: list[int],
+    heads: int,
+    gen: torch.Generator,
+    n_sets: int,
+    *,
+    pool_bytes: int,
+    region: int,
+    block_size: int = 32,
+    q_scale: float = 1.0,
+) -> list[DecodeInputs]:
+    """`n_sets` decode inputs that share two page pools of about `pool_bytes` each (SWA and compressed)
+    but draw their own Q and slot lists, each query's from its own region of `region` rows at a random
+    base: rotating the sets makes each call read records the previous ones did not (beyond L2 when
+    n_sets x the bytes of one call exceeds it), without n_sets copies of the pools."""
+    record = 576 + 8
+    blocks = max(1, pool_bytes // (block_size * record))
+    first = decode_inputs(
+        swa_lens,
+        topk_lens,
+        heads,
+        gen,
+        swa_blocks=blocks,
+        kv_blocks=blocks,
+        block_size=block_size,
+        region=region,
+        q_scale=q_scale,
+    )
+    sets = [first]
+    rows = blocks * block_size
+    on = gen.device
+    for _ in range(n_sets - 1):
+        sd, sl, sr, sp = _lists(swa_lens, 128, rows, gen, 0.0, region)
+        td, tl_, tr, tp = _lists(topk_lens, 512, rows, gen, 0.0, region)
+        q = (torch.randn(len(swa_lens), heads, HEAD_DIM, generator=gen, device=on) * q_scale).bfloat16()
+        sets.append(
+            DecodeInputs(
+                q,
+                first.swa_cache,
+                first.kv_cache,
+                sd,
+                sl,
+                sr,
+                sp,
+                td,
+                tl_,
+                tr,
+                tp,
+                first.sink,
+                first.positions,
+                first.cos_sin,
+            )
+        )
+    return sets
