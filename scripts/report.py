@@ -217,6 +217,25 @@ def render_junit(res: Results, args: dict[str, str]) -> str:
     return f"{total - failed - skipped} passed, {failed} failed, {skipped} skipped of {total}"
 
 
+def render_junit_failures(res: Results, args: dict[str, str]) -> str:
+    """One line per failed test of a JUnit XML: its id and the failure message up to its coordinates."""
+    root = ET.parse(res.path(_need(args, "file"))).getroot()
+    out = []
+    for case in root.iter("testcase"):
+        failure = case.find("failure")
+        if failure is None:
+            failure = case.find("error")
+        if failure is None:
+            continue
+        message = (failure.get("message") or "").replace("deepinfer_sm80.testing.compare.MismatchError: ", "")
+        message = re.sub(r" case '[^']*' seed \d+ \(crc32 of the name\)", "", message.split("; first at")[0])
+        message = message.replace("|", "\\|").strip()
+        out.append([f"`{case.get('name')}`", message])
+    if not out:
+        return "No failures."
+    return table(["test", "failure (the XML's message, up to its first coordinate)"], sorted(out))
+
+
 def render_progress(res: Results, args: dict[str, str]) -> str:
     """Outcomes in a quiet pytest log's progress lines (`..F.s [ 16%]`), counted."""
     text = res.path(_need(args, "file")).read_text()
@@ -247,9 +266,10 @@ def render_value(res: Results, args: dict[str, str]) -> str:
             node = node[key]
         else:
             raise ReportError(f"results/{args['file']}: no {args['path']!r}")
+    unit = f" {args['unit']}" if args.get("unit") else ""
     if isinstance(node, float):
-        return num(node, int(args["digits"]) if "digits" in args else None) + args.get("unit", "")
-    return f"{node}{args.get('unit', '')}"
+        return num(node, int(args["digits"]) if "digits" in args else None) + unit
+    return f"{node}{unit}"
 
 
 def render_image_smoke(res: Results, args: dict[str, str]) -> str:
@@ -313,6 +333,7 @@ RENDERERS: dict[str, Callable[[Results, dict[str, str]], str]] = {
     "targets": render_targets,
     "setup": render_setup,
     "junit": render_junit,
+    "junit-failures": render_junit_failures,
     "progress": render_progress,
     "sanitize": render_sanitize,
     "value": render_value,

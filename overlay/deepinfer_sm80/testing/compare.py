@@ -102,3 +102,37 @@ def assert_close(
             f"first at {_index(pos, o.shape)}: out={o.flatten()[pos].item()!r} "
             f"ref={r.flatten()[pos].item()!r}, max err {err.max().item():.3e}"
         )
+
+
+def _ordered_bits(t: torch.Tensor) -> torch.Tensor:
+    """bf16/fp16 bit patterns as int32 in value order: consecutive representable values differ by 1."""
+    bits = t.contiguous().view(torch.int16).to(torch.int32)
+    return torch.where(bits < 0, -(bits & 0x7FFF), bits)
+
+
+def assert_within_ulps(
+    name: str, out: torch.Tensor, ref: torch.Tensor, *, ulps: int, abs: float, why: str
+) -> None:
+    """16-bit floats: each element at most `ulps` representable values from ref's, or |out - ref| <= abs.
+
+    The distance is counted on the bit patterns (value-ordered), so "one ulp" means the neighbouring
+    representable value on either side, also across a power of two and through zero.
+    """
+    if not why:
+        raise ValueError(f"{name}: a tolerance needs its reason")
+    if out.dtype not in (torch.bfloat16, torch.float16):
+        raise ValueError(f"{name}: ulp distance is defined here for bf16/fp16, not {out.dtype}")
+    _check_meta(name, out, ref)
+    _check_special_positions(name, out, ref)
+    o, r = out.detach().cpu(), ref.detach().cpu()
+    steps = (_ordered_bits(o) - _ordered_bits(r)).abs().flatten()
+    err = (o.double() - r.double()).abs().flatten()
+    finite = r.flatten().isfinite()
+    bad = (finite & (steps > ulps) & (err > abs)).nonzero()
+    if bad.numel():
+        pos = int(bad[0])
+        raise MismatchError(
+            f"{name}: {bad.numel()} elements more than {ulps} ulp and abs={abs} from ref ({why}); "
+            f"first at {_index(pos, o.shape)}: out={o.flatten()[pos].item()!r} "
+            f"ref={r.flatten()[pos].item()!r}, {int(steps[pos])} ulp"
+        )

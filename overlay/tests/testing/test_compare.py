@@ -45,3 +45,20 @@ def test_close_in_units_of_eps():
         assert_close("tight", out, ref, abs=0.0, rel_in_eps=1, why="one rounding")
     with pytest.raises(ValueError, match="reason"):
         assert_close("nowhy", out, ref, abs=0.0, rel_in_eps=1, why="")
+
+
+def test_within_ulps_counts_representable_values():
+    from deepinfer_sm80.testing.compare import assert_within_ulps
+
+    ref = torch.tensor([1.0, 1.0, -0.0, 3.0], dtype=torch.bfloat16)
+    one_up = torch.tensor([1.0078125, 0.99609375, 0.0, 3.0], dtype=torch.bfloat16)  # +1, -1 ulp (below 2^0)
+    assert_within_ulps("one", one_up, ref, ulps=1, abs=0.0, why="t")
+    two_up = torch.tensor([1.015625, 1.0, 0.0, 3.0], dtype=torch.bfloat16)  # 1 + 2^-6: two bf16 ulp
+    with pytest.raises(MismatchError, match=r"1 elements more than 1 ulp.*first at \(0,\).*2 ulp"):
+        assert_within_ulps("two", two_up, ref, ulps=1, abs=0.0, why="t")
+    assert_within_ulps("abs", two_up, ref, ulps=1, abs=2**-6, why="t")
+    tiny = torch.tensor([-1e-38, 1e-38], dtype=torch.bfloat16)  # opposite signs near zero: many ulp
+    with pytest.raises(MismatchError, match="2 elements"):
+        assert_within_ulps("zero", tiny, torch.zeros(2, dtype=torch.bfloat16), ulps=1, abs=0.0, why="t")
+    with pytest.raises(ValueError, match="bf16/fp16"):
+        assert_within_ulps("f32", ref.float(), ref.float(), ulps=1, abs=0.0, why="t")
