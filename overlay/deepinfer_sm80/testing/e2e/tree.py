@@ -9,7 +9,9 @@
    official wheel's Python tree does not carry (the CUDA build's `.so` files are not in the tree
    either); the Python code served is the official wheel's, byte for byte, plus the patches;
 3. patch 00 (base) or 00 + 01 (optimized), applied with `patch --forward --fuzz=0`, refused on any
-   fuzz or offset, as `scripts/install_overlay.py` and `scripts/patches_check.py` apply them.
+   fuzz or offset, as `scripts/install_overlay.py` and `scripts/patches_check.py` apply them;
+4. the edits in `SCRATCH_EDITS`, the only change to vLLM's code the CPU run makes that is not a
+   public hook (each names why; an edit whose text is not found exactly as often as listed fails).
 
 A stamp holds the digest of the inputs; a second call with the same inputs returns at once, and a
 changed patch rebuilds the site from scratch. No file of the venv or the repository is touched.
@@ -28,6 +30,17 @@ ROOT = Path(__file__).resolve().parents[4]
 LEVELS = {"base": 1, "optimized": 2}  # how many patches of patches/series each level applies
 LEVEL_ALIASES = {"deepinfer": "optimized"}  # the harness's arm name for the optimized level
 STAMP = ".e2e-tree-digest"
+# (file, old, new, occurrences, why)
+SCRATCH_EDITS: tuple[tuple[str, str, str, int, str], ...] = (
+    (
+        "vllm/model_executor/kernels/attention/dsa/candidate_blocks.py",
+        "    assert logits.is_cuda\n",
+        "    assert logits.is_cuda or logits.is_cpu  # DeepInfer-SM80 e2e-cpu: TRITON_INTERPRET=1\n",
+        2,
+        "upstream's Triton candidate-block select/mask (lines 155, 201) assert CUDA tensors; the base "
+        "level's indexer launches them, and under the interpreter they run on CPU tensors unchanged",
+    ),
+)
 
 
 class TreeError(Exception):
@@ -71,6 +84,7 @@ def _digest(level: str, wheel_sha: str, extensions: list[Path]) -> str:
     h = hashlib.sha256(f"{canonical_level(level)}\n{wheel_sha}\n".encode())
     for patch in series(level):
         h.update(patch.name.encode() + b"\n" + patch.read_bytes())
+    h.update(repr(SCRATCH_EDITS).encode())
     for ext in extensions:
         st = ext.stat()
         h.update(f"{ext.name}:{st.st_size}:{st.st_mtime_ns}\n".encode())
@@ -123,6 +137,12 @@ def prepare(level: str, work: Path, tree_root: Path | None = None) -> Path:
         shutil.copyfile(ext, staging / "vllm" / ext.name)
     for patch in series(level):
         _apply(staging, patch)
+    for rel, old, new, count, _why in SCRATCH_EDITS:
+        path = staging / rel
+        text = path.read_text()
+        if text.count(old) != count:
+            raise TreeError(f"{rel}: scratch edit expects {count} x {old.strip()!r}, found {text.count(old)}")
+        path.write_text(text.replace(old, new))
     (staging / STAMP).write_text(digest + "\n")
     staging.rename(site)
     return site

