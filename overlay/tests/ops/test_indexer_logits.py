@@ -238,6 +238,59 @@ def test_paged_flattened_next_n6() -> None:
         assert bool((out_flat[r, flat_lens[r] :] == float("-inf")).all())
 
 
+@pytest.mark.parametrize("variant", [v for v in lg.DECODE_VARIANTS if v != "default"])
+@pytest.mark.parametrize(
+    ("name", "batch", "next_n", "block_size", "lens", "max_len"),
+    [
+        ("pgv-b2-n1", 2, 1, 64, [150, 64], 320),  # page crossings, a length on a page edge
+        ("pgv-b2-n6", 2, 6, 64, [140, 75], 192),  # DSpark 1+5 rows, tiles past every row's length
+    ],
+)
+def test_paged_decode_variants_equal_default(
+    variant: str,
+    name: str,
+    batch: int,
+    next_n: int,
+    block_size: int,
+    lens: list[int],
+    max_len: int,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The opt-in variants (DEEPINFER_SM80_INDEXER_DECODE) on every visible column: bitwise the default's
+    at the same warp count (the prefetch moves loads, not arithmetic); with other warps the head sum
+    may run in another order on a GPU (fp32 order tolerance)."""
+    _gen, cache, codes, scales, bt, q8, w = paged_case(name, batch, next_n, block_size, lens, 8)
+    context = torch.tensor(lens, dtype=torch.int32)
+
+    def run() -> torch.Tensor:
+        return lg.fp8_fp4_paged_mqa_logits(
+            (q8.to(DEV), None), cache_to_dev(cache), w.to(DEV), context.to(DEV), bt.to(DEV), None, max_len,
+            clean_logits=True,
+        ).cpu()  # fmt: skip
+
+    monkeypatch.delenv(lg.DECODE_VARIANT_ENV, raising=False)
+    ref = run()
+    monkeypatch.setenv(lg.DECODE_VARIANT_ENV, variant)
+    out = run()
+    rows = lg.row_lengths(context, batch, next_n)
+    for r in range(batch * next_n):
+        n = int(rows[r])
+        assert bool((out[r, n:] == float("-inf")).all()), f"{variant} wrote past row {r}'s length"
+        if lg.DECODE_VARIANTS[variant][1] == lg.DECODE_WARPS or DEV == "cpu":
+            assert torch.equal(out[r, :n], ref[r, :n]), f"{variant} row {r} ({seed_note(name)})"
+        else:
+            k8, ks = keys_of(codes, scales, bt[r // next_n], n)
+            mag = magnitude(q8.reshape(-1, H, D)[r : r + 1], w[r : r + 1], k8, ks)
+            check(f"{variant} row {r}", out[r : r + 1, :n], ref[r : r + 1, :n], mag,
+                  torch.ones_like(mag, dtype=torch.bool), 2.0**-16, "fp32 head-sum order")  # fmt: skip
+
+
+def test_decode_variant_switch_rejects_unknown(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(lg.DECODE_VARIANT_ENV, "turbo")
+    with pytest.raises(ValueError, match="DEEPINFER_SM80_INDEXER_DECODE='turbo'"):
+        lg.decode_variant()
+
+
 def test_nan_codes_decode_to_480() -> None:
     """Documented deviation: NaN codes do not propagate (decode gives ±480); writers never emit them."""
     q8 = torch.full((1, H, D), 0x38, dtype=torch.uint8)  # 1.0

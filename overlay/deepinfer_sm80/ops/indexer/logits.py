@@ -8,6 +8,8 @@ multiplied by a 16-bit MMA with fp32 accumulation; the 2^16 goes back with kscal
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -236,6 +238,20 @@ def fp8_fp4_mqa_logits(
 
 # ----------------------------------------------------------------------------- decode (paged)
 @triton.jit
+def _paged_tile_load(bt_row, cache_ptr, page_stride, block_size, n0, length, cols, dims, D: tl.constexpr):
+    """Codes [D, BLOCK_N] and fp32 scales [BLOCK_N] of keys n0.. of one row (a tile within one page);
+    keys at or past `length` read as 0 (and a tile wholly past it reads no table entry)."""
+    live = n0 < length
+    blk = tl.load(bt_row + n0 // block_size, mask=live, other=0)
+    page = cache_ptr + blk.to(tl.int64) * page_stride
+    off = n0 % block_size + cols
+    ok = (n0 + cols) < length
+    kt = tl.load(page + off[None, :] * D + dims[:, None], mask=ok[None, :], other=0)
+    ks = tl.load((page + block_size * D + off * 4).to(tl.pointer_type(tl.float32)), mask=ok, other=0.0)
+    return kt, ks
+
+
+@triton.jit
 def _paged_logits_kernel(
     q_ptr,  # uint8 [R, H, D] (rows flattened: request b, draft i -> b·next_n + i)
     w_ptr,  # fp32 [R, H]
@@ -256,8 +272,12 @@ def _paged_logits_kernel(
     BLOCK_N: tl.constexpr,
     TILES: tl.constexpr,
     WORDS: tl.constexpr,
+    PREFETCH: tl.constexpr = False,
 ):
-    """One row, TILES tiles of BLOCK_N keys; a tile never crosses a page (block_size % BLOCK_N == 0)."""
+    """One row, TILES tiles of BLOCK_N keys; a tile never crosses a page (block_size % BLOCK_N == 0).
+    PREFETCH: tile t+1's block-table entry, codes and scales are loaded before tile t's decode and MMA
+    (masked, no branch per tile), so the table -> page chain of the next tile overlaps this one's work;
+    per stored column the arithmetic is the same as without it (bitwise)."""
     row = tl.program_id(0)
     span_lo = tl.program_id(1) * (BLOCK_N * TILES)
     length = tl.load(len_ptr + row)
@@ -272,6 +292,23 @@ def _paged_logits_kernel(
     q0, q1, q2, q3 = load_q_quads(q_row, HEADS, D)
     q = e4m3_to_f16_scaled(tl.load(q_row + h[:, None] * D + tl.arange(0, D)[None, :]))
     w = tl.load(w_ptr + row.to(tl.int64) * w_stride + h)
+    if PREFETCH:
+        bt_row = bt_ptr + req.to(tl.int64) * bt_stride
+        out_row = out_ptr + row.to(tl.int64) * out_stride
+        cols = tl.arange(0, BLOCK_N)
+        dims = tl.arange(0, D)
+        kt, ks = _paged_tile_load(bt_row, cache_ptr, page_stride, block_size, span_lo, length, cols, dims, D)
+        for t in tl.range(0, TILES, num_stages=1):
+            n0 = span_lo + t * BLOCK_N
+            kt_n, ks_n = _paged_tile_load(
+                bt_row, cache_ptr, page_stride, block_size, n0 + BLOCK_N, length, cols, dims, D
+            )
+            s = tl.dot(q, e4m3_to_f16_scaled(kt), out_dtype=tl.float32)
+            logit = tl.sum(tl.maximum(s, 0.0) * w[:, None], axis=0)
+            n = n0 + cols
+            tl.store(out_row + n, logit * (ks * _UNDO), mask=n < length)
+            kt, ks = kt_n, ks_n
+        return
     for t in range(TILES):
         n0 = span_lo + t * BLOCK_N
         if n0 < length:
@@ -290,6 +327,18 @@ def _paged_logits_kernel(
 DECODE_BLOCK_N = 64
 DECODE_TILES = 8
 DECODE_WARPS = 4
+# opt-in paged-decode variants (DEEPINFER_SM80_INDEXER_DECODE=<name>): (next-tile prefetch, warps),
+# timed beside the default on the H200 (docs/INDEXER.md); "default" is the configuration above
+DECODE_VARIANTS = {"default": (False, DECODE_WARPS), "prefetch": (True, 4), "prefetch-w8": (True, 8)}
+DECODE_VARIANT_ENV = "DEEPINFER_SM80_INDEXER_DECODE"
+
+
+def decode_variant() -> tuple[bool, int]:
+    """(prefetch, warps) of the variant DEEPINFER_SM80_INDEXER_DECODE names (unset: default)."""
+    name = os.environ.get(DECODE_VARIANT_ENV, "default") or "default"
+    if name not in DECODE_VARIANTS:
+        raise ValueError(f"{DECODE_VARIANT_ENV}={name!r}: expected one of {sorted(DECODE_VARIANTS)}")
+    return DECODE_VARIANTS[name]
 
 
 _SM_COUNT: dict[str, int] = {}
@@ -384,6 +433,7 @@ def launch_paged_logits(
         return
     tiles = decode_tiles(rows, width, q8.device)
     span = DECODE_BLOCK_N * tiles
+    prefetch, warps = decode_variant()
     _paged_logits_kernel[(rows, triton.cdiv(width, span))](
         q8,
         weights,
@@ -404,7 +454,8 @@ def launch_paged_logits(
         BLOCK_N=DECODE_BLOCK_N,
         TILES=tiles,
         WORDS=PAGED_WORD_DECODE,
-        num_warps=DECODE_WARPS,
+        PREFETCH=prefetch,
+        num_warps=warps,
     )
 
 
@@ -446,6 +497,7 @@ _PAGED_SIG = {
     "BLOCK_N": "constexpr",
     "TILES": "constexpr",
     "WORDS": "constexpr",
+    "PREFETCH": "constexpr",
 }
 COMPILE_SPECS = (
     CompileSpec(
@@ -464,7 +516,7 @@ COMPILE_SPECS = (
     ),
     *(
         CompileSpec(
-            f"indexer.logits.paged{'.words' if words else ''}",
+            f"indexer.logits.paged{name}",
             _paged_logits_kernel,
             _PAGED_SIG,
             {
@@ -475,10 +527,15 @@ COMPILE_SPECS = (
                 "BLOCK_N": DECODE_BLOCK_N,
                 "TILES": DECODE_TILES,
                 "WORDS": words,
+                "PREFETCH": prefetch,
             },
-            num_warps=DECODE_WARPS,
+            num_warps=warps,
             divisible_by_16=("q_ptr", "w_ptr", "cache_ptr", "page_stride", "block_size", "bt_ptr", "out_ptr"),
         )
-        for words in (False, True)
+        for name, words, prefetch, warps in (
+            ("", False, False, DECODE_WARPS),
+            (".words", True, False, DECODE_WARPS),
+            *((f".{v}", False, *DECODE_VARIANTS[v]) for v in ("prefetch", "prefetch-w8")),
+        )
     ),
 )
