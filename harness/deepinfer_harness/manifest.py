@@ -117,17 +117,52 @@ def init_manifest(
     return manifest
 
 
-def finalize_manifest(
-    layout: RunLayout, manifest: dict[str, Any], sessions: dict[str, Any], profile: Profile
-) -> dict[str, Any]:
-    manifest["sessions"] = sessions
+def declared_env(profile: Profile) -> set[str]:
+    """Environment names allowed to differ between arms: per-arm settings the profile declares,
+    and in mode level the scratch tree on PYTHONPATH (the patch set is what differs)."""
+    declared = {k for env in profile.server.variant_env.values() for k in env}
+    if profile.server.mode == "level":
+        declared.add("PYTHONPATH")
+    return declared
+
+
+def _derive(manifest: dict[str, Any], profile: Profile) -> None:
+    sessions = manifest.get("sessions") or {}
     variants: dict[str, Any] = {}
     for key in sorted(sessions, key=int):
-        s = sessions[key]
+        s = {k: v for k, v in sessions[key].items() if k != "earlier"}
         variants.setdefault(s["variant"], s | {"label": profile.labels.get(s["variant"])})
     manifest["variants"] = variants
-    declared = {k for env in profile.server.variant_env.values() for k in env}
-    manifest["parity"] = certificate(sessions, declared)
+    manifest["parity"] = certificate(sessions, declared_env(profile))
+
+
+def recorded_sessions(layout: RunLayout) -> dict[str, Any]:
+    return dict(read_json(layout.manifest).get("sessions") or {}) if layout.manifest.exists() else {}
+
+
+def record_session(
+    layout: RunLayout, index: int, entry: dict[str, Any], profile: Profile, started: float
+) -> dict[str, Any]:
+    """Write one session's provenance into manifest.json now (atomic replace), with the parity
+    certificate re-derived, so an interrupted run keeps what its finished runs were measured on.
+    A re-run of a session (resume) keeps the earlier server starts under `earlier`: their
+    finished runs stay in the results and stay in the certificate."""
+    manifest = read_json(layout.manifest)
+    sessions = manifest.setdefault("sessions", {})
+    old = sessions.get(str(index))
+    earlier = list((old or {}).get("earlier", []))
+    if old and old.get("started_at") != started:  # another server start of this session
+        earlier.append({k: v for k, v in old.items() if k != "earlier"})
+    sessions[str(index)] = entry | ({"earlier": earlier} if earlier else {})
+    _derive(manifest, profile)
+    write_json(layout.manifest, manifest)
+    return sessions
+
+
+def finalize_manifest(layout: RunLayout, profile: Profile) -> dict[str, Any]:
+    """Re-derive variants and parity from the recorded sessions and stamp the end time."""
+    manifest = read_json(layout.manifest)
+    _derive(manifest, profile)
     manifest["ended_at"] = time.time()
     write_json(layout.manifest, manifest)
     return manifest

@@ -57,8 +57,11 @@ def _env_diff(a: dict[str, str], b: dict[str, str], declared: set[str]) -> list[
 
 
 def certificate(sessions: dict[str, dict[str, Any]], declared_env: set[str]) -> dict[str, Any]:
-    """Compare the first session of A with every other session (A's later ones included)."""
-    ordered = [sessions[k] for k in sorted(sessions, key=int)]
+    """Compare the first session of A with every other server start (A's later ones and the
+    earlier starts of resumed sessions included)."""
+    ordered = []
+    for k in sorted(sessions, key=int):
+        ordered += [*sessions[k].get("earlier", []), {x: v for x, v in sessions[k].items() if x != "earlier"}]
     ref = next((s for s in ordered if s.get("variant") == "A"), None)
     if ref is None:
         return {"status": "incomplete", "diffs": ["no A session recorded"], "declared": sorted(declared_env)}

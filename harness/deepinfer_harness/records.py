@@ -80,11 +80,13 @@ class JsonlWriter:
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
+        self.count = 0  # records written by this writer (progress lines read it)
         self._fh: TextIO = path.open("a", encoding="utf-8")
 
     def write(self, record: RequestRecord) -> None:
         self._fh.write(json.dumps(record.to_json(), separators=(",", ":")) + "\n")
         self._fh.flush()
+        self.count += 1
 
     def close(self) -> None:
         self._fh.close()

@@ -1,7 +1,10 @@
 """Pipeline-parallel layer partitions versus DeepSeek-V4.1's KV-sharing groups (docs/MODEL.md).
 
-vLLM 0.32.0 raises NotImplementedError when a PP boundary falls inside a sharing group; a
-boundary b (first layer of the next stage) is inside group [s, e] when s < b <= e.
+A boundary b (first layer of the next stage) is inside group [s, e] when s < b <= e. Upstream
+vLLM 0.32.0 raises NotImplementedError there; patch 00 (both images, both DeepInfer levels) serves
+such a cut by replicating the shared state on the later stage (docs/PIPELINE.md). So a partition
+is refused here only for what no build serves (wrong entry count or sum, an empty stage); a cut
+inside a group is checked against what the servers carry (their patch set) in preflight.
 """
 
 from __future__ import annotations
@@ -38,21 +41,34 @@ def legal_partitions(num_layers: int, pp: int, groups: tuple[tuple[int, int], ..
     return sorted(found, key=lambda p: (max(p), sum((x - mean) ** 2 for x in p)))
 
 
+def split_text(partition: list[int], groups: tuple[tuple[int, int], ...]) -> str:
+    return "; ".join(
+        f"boundary at layer {b} splits KV-sharing group {s}–{e}"
+        for b, s, e in illegal_boundaries(partition, groups)
+    )
+
+
 def partition_error(
-    partition: list[int], pp: int, num_layers: int, groups: tuple[tuple[int, int], ...]
+    partition: list[int],
+    pp: int,
+    num_layers: int,
+    groups: tuple[tuple[int, int], ...],
+    replication: bool = True,
 ) -> str | None:
-    """A message saying why vLLM would refuse `partition`, with legal alternatives; None if legal."""
+    """Why no server would start with `partition` (None if one would). `replication`: the server
+    carries patch 00, which serves a cut inside a KV-sharing group; without it such a cut is refused
+    with the replication-free alternatives (upstream's NotImplementedError)."""
     if len(partition) != pp:
         return f"VLLM_PP_LAYER_PARTITION has {len(partition)} entries but pp={pp}"
+    if any(size < 1 for size in partition):
+        return f"VLLM_PP_LAYER_PARTITION={','.join(map(str, partition))}: every stage needs >= 1 layer"
     if sum(partition) != num_layers:
         return f"VLLM_PP_LAYER_PARTITION sums to {sum(partition)}, the model has {num_layers} layers"
-    bad = illegal_boundaries(partition, groups)
-    if not bad:
+    if replication or not illegal_boundaries(partition, groups):
         return None
-    where = "; ".join(f"boundary at layer {b} splits KV-sharing group {s}–{e}" for b, s, e in bad)
     alts = " or ".join(",".join(map(str, p)) for p in legal_partitions(num_layers, pp, groups)[:2])
     return (
-        f"VLLM_PP_LAYER_PARTITION={','.join(map(str, partition))}: {where}; vLLM 0.32.0 raises "
-        f"NotImplementedError at startup. Legal alternatives: {alts} "
-        f"(e.g. --set topology.pp_partition=[{alts.split(' or ')[0]}])"
+        f"VLLM_PP_LAYER_PARTITION={','.join(map(str, partition))}: {split_text(partition, groups)}; "
+        f"upstream vLLM 0.32.0 raises NotImplementedError there and only patch 00's replication serves it. "
+        f"Replication-free alternatives: {alts} (e.g. --set topology.pp_partition=[{alts.split(' or ')[0]}])"
     )

@@ -45,3 +45,26 @@ def fake_server():
 def fake(fake_server):
     fake_server.configure()
     return fake_server
+
+
+def write_checkpoint(
+    d: Path, model_type: str = "llama", vocab_size: int | None = 512, tokenizer: bool = True
+) -> str:
+    """A checkpoint directory good enough for preflight: config.json and a real (tiny) BPE
+    tokenizer.json trained in milliseconds; no weights (no server ever loads it)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    from deepinfer_harness.prompts import CANARY
+
+    d.mkdir(parents=True, exist_ok=True)
+    config = {"model_type": model_type}
+    if vocab_size is not None:
+        config["vocab_size"] = vocab_size
+    (d / "config.json").write_text(json.dumps(config))
+    if tokenizer:
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        trainer = trainers.BpeTrainer(vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+        tok.train_from_iterator([CANARY * 4], trainer=trainer)
+        tok.save(str(d / "tokenizer.json"))
+    return str(d)

@@ -3,8 +3,10 @@ import sys
 
 import pytest
 
+from deepinfer_harness.cli import main
 from deepinfer_harness.config import PROFILE_DIR, ConfigError, load_profile
 from deepinfer_harness.run.launch import build_launch
+from deepinfer_harness.run.preflight import PATCHES_LABEL, check_partition_served
 from deepinfer_harness.topology import legal_partitions, partition_error
 
 REAL = ["ga100x8-tp4pp2", "a100x8-tp8", "a800x16-tp8pp2"]
@@ -20,22 +22,41 @@ def test_profiles_load(name):
         assert profile.max_model_len == 1048576
 
 
-def test_six_gpu_partition_is_flagged_with_legal_alternatives():
-    with pytest.raises(ConfigError) as err:
-        load_profile("ga100x6-tp2pp3")
-    msg = str(err.value)
-    assert "14,14,12" in msg and "20–39" in msg and "8,12,20" in msg
-    fixed = load_profile("ga100x6-tp2pp3", ["topology.pp_partition=[8,12,20]"])
-    assert fixed.topology.pp_partition == [8, 12, 20]
+def test_seed_topology_is_served_by_patch_00_and_refused_where_neither_serves(tmp_path, monkeypatch):
+    """Issue 23 defect 9: 14,14,12 cuts group 20–39; patch 00 (both images) serves it by replication,
+    so validate accepts it; an image without patch 00, replication switched off, or a partition no
+    build serves are refused with one line."""
+    profile = load_profile("ga100x6-tp2pp3")
+    assert profile.topology.pp_partition == [14, 14, 12]
+    assert profile.topology.split_groups() == [(28, 20, 39)]
+    labels = {"A": {PATCHES_LABEL: "00"}, "B": {PATCHES_LABEL: "00+01"}}
+    assert "served by patch 00" in check_partition_served(profile, labels)
+    with pytest.raises(ConfigError, match=r"server B: image .* carries patches none .*20–39"):
+        check_partition_served(profile, {"A": labels["A"], "B": {}})
+    with pytest.raises(ConfigError, match="DEEPINFER_SM80_PP_REPLICATION=0"):
+        load_profile("ga100x6-tp2pp3", ["env.DEEPINFER_SM80_PP_REPLICATION='0'"])
+    with pytest.raises(ConfigError, match="every stage needs >= 1 layer"):
+        load_profile("ga100x6-tp2pp3", ["topology.pp_partition=[20,20,0]"])
+    with pytest.raises(ConfigError, match="sums to 41"):
+        load_profile("ga100x6-tp2pp3", ["topology.pp_partition=[14,14,13]"])
+    assert load_profile("ga100x6-tp2pp3", ["topology.pp_partition=[8,12,20]"]).topology.split_groups() == []
+    assert "NotImplementedError" not in (PROFILE_DIR / "ga100x6-tp2pp3.yaml").read_text().splitlines()[0]
+
+
+def test_validate_accepts_the_seed_topology_and_says_how_it_is_served(capsys):
+    assert main(["validate", "--profile", "ga100x6-tp2pp3"]) == 0
+    out = capsys.readouterr().out
+    assert "ok" in out and "served by patch 00's replication" in out and "ai.deepinfer.patches" in out
 
 
 def test_partition_rules():
     groups = ((2, 7), (8, 13), (14, 19), (20, 39))
     assert partition_error([20, 20], 2, 40, groups) is None
-    assert "boundary at layer 28" in partition_error([14, 14, 12], 3, 40, groups)
+    assert partition_error([14, 14, 12], 3, 40, groups) is None  # patch 00 replicates
+    assert "boundary at layer 28" in partition_error([14, 14, 12], 3, 40, groups, replication=False)
     assert "sums to" in partition_error([20, 19], 2, 40, groups)
     for p in legal_partitions(40, 3, groups):
-        assert partition_error(p, 3, 40, groups) is None
+        assert partition_error(p, 3, 40, groups, replication=False) is None
 
 
 def test_overrides_and_validation():

@@ -13,6 +13,7 @@ import yaml
 from deepinfer_harness.cli import main
 from deepinfer_harness.layout import RunLayout, read_json
 
+from .conftest import write_checkpoint
 from .test_pipeline_fake import PLAN, bench, write_profile
 
 SMALL = {
@@ -116,7 +117,7 @@ def test_bad_inputs_fail_fast_with_one_line(tmp_path, capsys, monkeypatch):
     fail_fast([*base, "--model", "/nonexistent/path"], capsys, "model path /nonexistent/path does not exist")
     fail_fast([*base, "--model", model_dir(tmp_path)], capsys, "has no config.json")
     fail_fast([*base, "--model", model_dir(tmp_path, "config.json")], capsys, "has no tokenizer")
-    good = model_dir(tmp_path, "config.json", "tokenizer.json")
+    good = write_checkpoint(tmp_path / "good")
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
@@ -159,7 +160,7 @@ def test_bad_inputs_fail_fast_with_one_line(tmp_path, capsys, monkeypatch):
 def test_a_server_that_cannot_start_is_never_exit_0(tmp_path, capsys):
     script = "import sys; print('ValueError: no model weights found in the directory'); sys.exit(1)"
     prof = local_profile(tmp_path, command=[sys.executable, "-c", script], health_timeout_s=30)
-    good = model_dir(tmp_path, "config.json", "tokenizer.json")
+    good = write_checkpoint(tmp_path / "good")
     rc = main(
         [
             "bench-ab",

@@ -8,6 +8,8 @@ from deepinfer_harness import SCHEMA_VERSION
 from deepinfer_harness.cli import main
 from deepinfer_harness.layout import RunKey, RunLayout, read_json
 
+from .conftest import write_checkpoint
+
 PLAN = {
     "prefill": {"isls": [256], "n": 3, "concurrent": [{"isl": 128, "c": 4, "n": 4}]},
     "ttft_isls": [64],
@@ -150,18 +152,45 @@ def test_changed_definitions_refuse_to_resume(fake, tmp_path, capsys):
     assert "definitions" in capsys.readouterr().err
 
 
-def test_dry_run_prints_every_command(capsys):
-    assert main(["bench-ab", "--profile", "a100x8-tp8", "--model", "/models/v41", "--dry-run"]) == 0
+def fake_docker(tmp_path, monkeypatch, labels):
+    """A docker CLI whose `image inspect` answers with the given labels for every image."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir(exist_ok=True)
+    docker = bindir / "docker"
+    payload = json.dumps([{"Id": "sha256:0", "Config": {"Labels": labels}}])
+    docker.write_text(f"#!/bin/sh\ncat <<'EOF'\n{payload}\nEOF\n")
+    docker.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}:/usr/bin:/bin")
+
+
+def test_dry_run_runs_every_check_and_prints_every_command(capsys, tmp_path, monkeypatch):
+    """Issue 23 defect 2: --dry-run runs every preflight check (a bad model exits 2, one line)."""
+    model = write_checkpoint(tmp_path / "v41", model_type="deepseek_v41")
+    fake_docker(tmp_path, monkeypatch, {"ai.deepinfer.patches": "00"})
+    common = ["--results", str(tmp_path / "r"), "--dry-run"]
+    assert main(["bench-ab", "--profile", "a100x8-tp8", "--model", model, *common]) == 0
     out = capsys.readouterr().out
+    assert "# preflight passed (output, model, command, ports, docker, urls, host-memory)" in out
     assert out.count("docker run --rm") == 12 and "deepinfer-sm80:baseline" in out
     assert "deepinfer-sm80:deepinfer" in out and "--tensor-parallel-size 8" in out
     assert out.count("client: decode-i3k-o512-c16") == 12  # 3 ABBA blocks
-    assert "--entrypoint vllm deepinfer-sm80:baseline serve --model /models/v41" in out  # `vllm serve`
+    assert f"--entrypoint vllm deepinfer-sm80:baseline serve --model {model}" in out  # `vllm serve`
     assert "WARNING" not in out and "# A/B;" in out
-    assert main(["bench-ab", "--profile", "smoke", "--dry-run", "--set", "ab.aa=false"]) == 0
-    assert "WARNING: A and B launch the same thing" in capsys.readouterr().out
-    assert main(["bench-ab", "--profile", "ga100x6-tp2pp3", "--model", "/m", "--dry-run"]) == 2
-    assert "8,12,20" in capsys.readouterr().err
+    assert main(["bench-ab", "--profile", "a100x8-tp8", "--model", "/models/v41", *common]) == 2
+    assert capsys.readouterr().err.strip() == "error: model path /models/v41 does not exist"
+    llama = write_checkpoint(tmp_path / "llama")
+    assert main(["bench-ab", "--profile", "a100x8-tp8", "--model", llama, *common]) == 2
+    assert "model_type 'llama' is not what this profile serves (deepseek_v41)" in capsys.readouterr().err
+    skipped = ["--skip-check", "model", "--skip-check", "docker"]
+    assert main(["bench-ab", "--profile", "a100x8-tp8", "--model", "/models/v41", *common, *skipped]) == 0
+    assert "skipped: docker, model" in capsys.readouterr().out
+    assert main(["bench-ab", "--profile", "smoke", "--dry-run", "--set", "ab.aa=false", *common[:2]]) == 2
+    assert "A and B launch the same thing" in capsys.readouterr().err  # as the real run would
+    assert main(["bench-ab", "--profile", "ga100x6-tp2pp3", "--model", model, *common]) == 0
+    assert "served by patch 00's replication (both arms carry 00 / 00)" in capsys.readouterr().out
+    fake_docker(tmp_path, monkeypatch, {})  # images without the patch label: upstream vLLM
+    assert main(["bench-ab", "--profile", "ga100x6-tp2pp3", "--model", model, *common]) == 2
+    assert "only patch 00's replication serves" in capsys.readouterr().err
 
 
 def test_summary_is_schema_versioned_json(fake, tmp_path):

@@ -9,13 +9,17 @@ of a fixed set of process plumbing (PATH, LD_LIBRARY_PATH, HOME, locale, TMPDIR)
 
 from __future__ import annotations
 
+import functools
+import importlib
 import json
 import os
 import shlex
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
-from deepinfer_harness.config import Profile
+from deepinfer_harness.config import ConfigError, Profile
 
 # Flags the harness relies on: per-request cached tokens, the response `metrics` object,
 # one SSE event per engine step, prompt-logprob depth and raw logprobs for the NLL cells.
@@ -42,12 +46,15 @@ PLUMBING_ENV = (
     "TZ",
 )
 SECRET_MARKERS = ("TOKEN", "KEY", "SECRET", "PASSWORD")
+E2E_MODULE = "deepinfer_sm80.testing.e2e"  # H1's API: server_env(level, work), serve_args()
+# flags the harness sets from the profile; the CPU engine's own list must agree with the profile
+PROFILE_FLAGS = ("--max-model-len", "--dtype", "--kv-cache-dtype")
 
 
 @dataclass(frozen=True)
 class Launch:
     variant: str
-    kind: str  # local | docker | url
+    kind: str  # local | docker | url (mode level launches a local process)
     base_url: str
     argv: list[str] = field(default_factory=list)  # empty for url
     env: dict[str, str] = field(default_factory=dict)  # what the profile sets for the server
@@ -56,6 +63,13 @@ class Launch:
     nice: int = 0
     pass_env: tuple[str, ...] = ()  # names copied from the harness's environment (local mode)
     image: str | None = None
+    level: str | None = None  # mode level: base (patch 00) or optimized (00+01)
+
+    def arm_facts(self) -> dict[str, str]:
+        """What the arm serves, known before it starts (mode level; docker reads its image labels)."""
+        if self.level is None:
+            return {}
+        return {"level": self.level, "patches": "00" if self.level == "base" else "00+01"}
 
     def process_env(self) -> dict[str, str]:
         """The whole environment of the launched process. Local: plumbing + pass_env + env, nothing
@@ -151,6 +165,48 @@ def serve_env(profile: Profile, variant: str) -> dict[str, str]:
     return env | profile.env | profile.server.env | profile.server.variant_env.get(variant, {})
 
 
+def _e2e() -> Any:
+    try:
+        return importlib.import_module(E2E_MODULE)
+    except ImportError as exc:
+        raise ConfigError(
+            f"server.mode level needs {E2E_MODULE} (the overlay: make setup), which does not import: {exc}"
+        ) from exc
+
+
+@functools.cache
+def level_env(level: str, work: str | None) -> tuple[tuple[str, str], ...]:
+    """The environment of a `vllm serve` on the scratch tree patched to `level` (prepared once)."""
+    e2e: Any = _e2e()
+    try:
+        env = e2e.server_env(level, Path(work)) if work else e2e.server_env(level)
+    except Exception as exc:  # TreeError (one line) or an OSError while copying the tree
+        raise ConfigError(f"server.levels: the {level} tree in {work} cannot be prepared: {exc}") from exc
+    return tuple(sorted(env.items()))
+
+
+def level_serve_args(profile: Profile) -> list[str]:
+    """The CPU engine's own flags (e2e.serve_args()), minus the ones the harness sets from the
+    profile, which must agree (a profile max_model_len larger than the engine's would be clamped)."""
+    extra = list(_e2e().serve_args())
+    mine = {"--max-model-len": str(profile.max_model_len), "--dtype": profile.dtype}
+    mine["--kv-cache-dtype"] = profile.kv_cache_dtype
+    out, i = [], 0
+    while i < len(extra):
+        flag = extra[i]
+        if flag in PROFILE_FLAGS and i + 1 < len(extra):
+            if mine[flag] != extra[i + 1]:
+                raise ConfigError(
+                    f"{flag.lstrip('-').replace('-', '_')} = {mine[flag]!r}: the CPU engine serves the "
+                    f"tiny checkpoint with {flag} {extra[i + 1]} ({E2E_MODULE}.serve_args); set the same"
+                )
+            i += 2
+            continue
+        out.append(flag)
+        i += 1
+    return out
+
+
 def container_name(run_id: str, variant: str, session: int) -> str:
     return f"deepinfer-bench-{run_id}-{variant.lower()}{session}"
 
@@ -169,7 +225,10 @@ def build_launch(profile: Profile, variant: str, model: str, run_id: str, sessio
     base_url = f"http://{srv.host}:{port}"
     args = serve_args(profile, model, port)
     env = serve_env(profile, variant)
-    if srv.mode == "local":
+    if srv.mode == "level":  # issue 20: the patched CPU tree per arm, flags the CPU engine needs
+        args = args + level_serve_args(profile)
+        env = dict(level_env(srv.levels[variant], srv.level_work)) | env
+    if srv.mode in ("local", "level"):
         return Launch(
             variant,
             "local",
@@ -179,6 +238,7 @@ def build_launch(profile: Profile, variant: str, model: str, run_id: str, sessio
             args,
             nice=srv.nice,
             pass_env=tuple(srv.pass_env),
+            level=srv.levels[variant] if srv.mode == "level" else None,
         )
     name = container_name(run_id, variant, session)
     docker = ["docker", "run", "--rm", "--name", name, "--gpus", "all", "--ipc=host", "--network=host"]

@@ -1,39 +1,77 @@
 """Bad input fails here, in seconds, before any server starts: one line naming what is wrong.
 
-Checks: the model path (exists, readable, has config.json and a tokenizer), the local server
-command (executable found, vLLM importable), ports free, docker present and images existing,
-URLs answering /health, and that A and B do not launch the very same thing unless the profile
-declares an A/A run (`ab.aa: true`).
+Checks (`CHECKS`, each skippable by name with --skip-check): `output` the results directory can be
+written; `model` the checkpoint (a directory, readable, config.json that parses, a model type the
+profile accepts, a tokenizer that loads and tokenizes the canary with ids inside the config's
+vocabulary) or a hub id already in the local Hugging Face cache; `command` the local server
+command (found, vLLM importable); `ports` free; `docker` present, images existing, and their patch
+set (image labels) serving the PP partition; `urls` answering /health; `host-memory` lockable host
+memory for Engram tables (H3's integration module, when installed); and that A and B do not launch
+the very same thing unless the profile declares an A/A run (`ab.aa: true`).
 """
 
 from __future__ import annotations
 
+import importlib
 import importlib.metadata
 import importlib.util
+import json
 import os
+import re
 import shutil
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from deepinfer_harness.config import VARIANTS, ConfigError, Profile
+from deepinfer_harness.prompts import CANARY
 from deepinfer_harness.run.launch import Launch, build_launch, local_command
 from deepinfer_harness.run.server import health_ok
+from deepinfer_harness.topology import split_text
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 DOCKER_TIMEOUT_S = 20
+CHECKS = ("output", "model", "command", "ports", "docker", "urls", "host-memory")
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+PATCHES_LABEL = "ai.deepinfer.patches"  # "00" or "00+01" (docker/README.md, image labels)
+ENGRAM_MEMORY = "deepinfer_sm80.integration.engram_memory"  # H3: lockable host memory vs Engram tables
 
 
 def looks_like_path(model: str) -> bool:
-    """Absolute, ./ ../ ~ or existing: a local checkpoint; anything else is a hub id for the server."""
-    return model.startswith(("/", ".", "~")) or Path(model).exists()
+    """Absolute, ./ ../ ~, existing, or anything but a plain org/name: a local checkpoint."""
+    return model.startswith(("/", ".", "~")) or Path(model).exists() or not HUB_ID.match(model)
 
 
-def check_model(model: str) -> None:
-    """A local checkpoint must be a readable directory with config.json and tokenizer files; a
-    hub id (org/name) is left to the server."""
+def hub_cache_dir(model: str) -> Path:
+    """Where huggingface_hub keeps a repo: $HF_HUB_CACHE, $HF_HOME/hub or ~/.cache/huggingface/hub."""
+    hub = os.environ.get("HF_HUB_CACHE") or os.path.join(
+        os.environ.get("HF_HOME") or os.path.expanduser("~/.cache/huggingface"), "hub"
+    )
+    return Path(hub) / ("models--" + model.replace("/", "--"))
+
+
+def check_hub_id(model: str) -> None:
+    """org/name with no such local path: accepted only when already downloaded, so a relative
+    typo (`models/typo`) fails here and not after a server start, and no run downloads weights."""
+    first = model.split("/", 1)[0]
+    if Path(first).is_dir():
+        raise ConfigError(f"model path {model} does not exist (there is a local {first}/ directory)")
+    if not (hub_cache_dir(model) / "snapshots").is_dir():
+        raise ConfigError(
+            f"model {model}: no such local directory, and not in the Hugging Face cache "
+            f"({hub_cache_dir(model).parent}); give the checkpoint's path, or download it first "
+            f"(huggingface-cli download {model})"
+        )
+
+
+def check_model(model: str, model_types: list[str] | None = None) -> None:
+    """A local checkpoint must be a readable directory with a config.json of an accepted model type
+    and a tokenizer that tokenizes; a hub id (org/name) must already be in the local cache."""
     if not looks_like_path(model):
+        check_hub_id(model)
         return
     path = Path(model).expanduser()
     if not path.exists():
@@ -49,6 +87,61 @@ def check_model(model: str) -> None:
     unreadable = [p.name for p in path.iterdir() if p.is_file() and not os.access(p, os.R_OK)]
     if unreadable:
         raise ConfigError(f"model directory {model}: unreadable files {unreadable[:3]}")
+    config = read_config(path)
+    if model_types and config.get("model_type") not in model_types:
+        raise ConfigError(
+            f"model directory {model}: config.json model_type {config.get('model_type')!r} is not "
+            f"what this profile serves ({', '.join(model_types)})"
+        )
+    check_tokenizer(path, config)
+
+
+def read_config(path: Path) -> dict[str, Any]:
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"model directory {path}: config.json is not valid JSON ({exc})") from exc
+    if not isinstance(config, dict):
+        raise ConfigError(f"model directory {path}: config.json is not a JSON object")
+    return config
+
+
+def vocab_size(config: dict[str, Any]) -> int | None:
+    """The embedding rows: top level, or under text_config (V4.1 nests it there)."""
+    for node in (config, config.get("text_config") or {}):
+        if isinstance(node.get("vocab_size"), int):
+            return node["vocab_size"]
+    return None
+
+
+def check_tokenizer(path: Path, config: dict[str, Any]) -> None:
+    """The harness builds every prompt from token ids the server's tokenizer produced; a tokenizer
+    that does not load, maps the canary to nothing or to ids outside the embedding table would
+    fail (or silently mis-measure) only after the engine started. Checked with `tokenizers` on
+    tokenizer.json when both exist (other formats are left to the server)."""
+    file = path / "tokenizer.json"
+    if not file.is_file() or importlib.util.find_spec("tokenizers") is None:
+        return
+    from tokenizers import Tokenizer
+
+    try:
+        tok = Tokenizer.from_file(str(file))
+        ids = tok.encode(CANARY, add_special_tokens=False).ids
+    except Exception as exc:  # the library raises its own Exception subclass on a bad file
+        raise ConfigError(f"model directory {path}: tokenizer.json does not load ({exc})") from exc
+    vocab = vocab_size(config)
+    if not ids:
+        raise ConfigError(f"model directory {path}: the tokenizer maps the canary text to no tokens")
+    if vocab is not None and max(ids) >= vocab:
+        raise ConfigError(
+            f"model directory {path}: the tokenizer gives id {max(ids)} but config.json has "
+            f"vocab_size {vocab}: the vocabulary does not fit the model"
+        )
+    unk = tok.token_to_id("<unk>") if tok.token_to_id("<unk>") is not None else tok.token_to_id("[UNK]")
+    if unk is not None and unk in ids:
+        raise ConfigError(
+            f"model directory {path}: the tokenizer maps plain English text to its unknown token"
+        )
 
 
 def port_free(host: str, port: int) -> bool:
@@ -98,9 +191,11 @@ def _has_dist(name: str) -> bool:
     return True
 
 
-def check_docker(profile: Profile) -> None:
+def check_docker(profile: Profile) -> dict[str, dict[str, str]]:
+    """Images exist; returns their labels per arm."""
     if not shutil.which("docker"):
         raise ConfigError("server.mode docker but no docker on PATH")
+    labels: dict[str, dict[str, str]] = {}
     for v in VARIANTS:
         image = profile.server.images[v]
         try:
@@ -119,6 +214,74 @@ def check_docker(profile: Profile) -> None:
                 f"docker image {image} (server {v}) does not exist here: {why} "
                 "(build it with make image, or docker pull it)"
             )
+        try:
+            info = json.loads(res.stdout)[0]
+            labels[v] = (info.get("Config") or {}).get("Labels") or {}
+        except (ValueError, IndexError, KeyError, AttributeError):
+            labels[v] = {}
+    return labels
+
+
+def served_patches(profile: Profile, labels: dict[str, dict[str, str]]) -> dict[str, str | None]:
+    """The patch set each arm serves: image label (docker), the level (mode level: base = 00,
+    optimized = 00+01), or None where the harness cannot tell (a local command, a URL)."""
+    if profile.server.mode == "docker":
+        return {v: labels.get(v, {}).get(PATCHES_LABEL) for v in VARIANTS}
+    if profile.server.mode == "level":
+        return {v: "00" if profile.server.levels[v] == "base" else "00+01" for v in VARIANTS}
+    return dict.fromkeys(VARIANTS)
+
+
+def check_partition_served(profile: Profile, labels: dict[str, dict[str, str]]) -> str | None:
+    """A PP cut inside a KV-sharing group is served only by patch 00's replication: refuse an arm
+    whose patch set (read from its image labels) lacks 00; returns a note where it cannot be read."""
+    topo = profile.topology
+    if not topo.split_groups():
+        return None
+    cuts = split_text(topo.pp_partition or [], topo.groups())
+    patches = served_patches(profile, labels)
+    for v in VARIANTS:
+        carried = patches[v]
+        if profile.server.mode in ("docker", "level") and "00" not in (carried or "").split("+"):
+            image = f"image {profile.server.images[v]} " if profile.server.mode == "docker" else ""
+            raise ConfigError(
+                f"server {v}: {image}carries patches {carried or 'none (no ' + PATCHES_LABEL + ' label)'}; "
+                f"{cuts}, which only patch 00's replication serves (upstream vLLM 0.32.0 raises "
+                "NotImplementedError); use the deepinfer-sm80 images or a partition without such a cut"
+            )
+    if profile.server.mode in ("docker", "level"):
+        return f"{cuts}: served by patch 00's replication (both arms carry {patches['A']} / {patches['B']})"
+    return f"{cuts}: needs patch 00's replication on both servers (not checked in {profile.server.mode} mode)"
+
+
+def check_host_memory(profile: Profile, model: str) -> str | None:
+    """Lockable host memory vs the checkpoint's Engram tables (issue 22 item 6), through the
+    integration module when it is installed; the harness itself never needs torch."""
+    if profile.server.mode not in ("local", "level") or not Path(model).is_dir():
+        return None
+    try:
+        module = importlib.import_module(ENGRAM_MEMORY)
+    except ImportError:
+        return None  # overlay not installed with the harness: nothing to check here
+    check: Callable[..., Any] | None = getattr(module, "preflight", None) or getattr(module, "check", None)
+    if check is None:
+        return None
+    try:
+        result = check(Path(model))
+    except (ValueError, RuntimeError, OSError) as exc:
+        raise ConfigError(f"model {model}: {exc}") from exc
+    return str(result) if result else None
+
+
+def check_output(root: Path) -> None:
+    """The run directory (or its nearest existing parent) must be a writable directory."""
+    probe = root
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        raise ConfigError(f"output {root}: {probe} is not a directory")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise ConfigError(f"output {root}: {probe} is not writable (pick another with --results DIR)")
 
 
 def check_urls(profile: Profile) -> None:
@@ -138,18 +301,39 @@ def check_distinct(launches: dict[str, Launch], aa: bool) -> None:
     )
 
 
-def preflight(profile: Profile, model: str, run_id: str) -> dict[str, Launch]:
-    """Every check that needs no server; returns session-0 launches (the identity check's input)."""
+def preflight(
+    profile: Profile,
+    model: str,
+    run_id: str,
+    output: Path | None = None,
+    skip: frozenset[str] = frozenset(),
+) -> list[str]:
+    """Every check that needs no server, in `CHECKS` order, minus `skip`; returns notes to print
+    (e.g. how a PP cut is served). Raises ConfigError (one line) on the first failure."""
+    unknown = set(skip) - set(CHECKS)
+    if unknown:
+        raise ConfigError(f"--skip-check {sorted(unknown)}: unknown; allowed {list(CHECKS)}")
+    notes: list[str] = []
+    if output is not None and "output" not in skip:
+        check_output(output)
     launches = {v: build_launch(profile, v, model, run_id, 0) for v in VARIANTS}
     check_distinct(launches, profile.ab.aa)
     mode = profile.server.mode
+    labels: dict[str, dict[str, str]] = {}
     if mode == "url":
-        check_urls(profile)
-        return launches
-    check_model(model)
-    if mode == "local":
-        check_local_command(profile)
+        if "urls" not in skip:
+            check_urls(profile)
     else:
-        check_docker(profile)
-    check_ports(profile)
-    return launches
+        if "model" not in skip:
+            check_model(model, profile.model_types)
+        if mode in ("local", "level") and "command" not in skip:
+            check_local_command(profile)
+        if mode == "docker" and "docker" not in skip:
+            labels = check_docker(profile)
+        if "ports" not in skip:
+            check_ports(profile)
+        if "host-memory" not in skip and (note := check_host_memory(profile, model)):
+            notes.append(note)
+    if not (mode == "docker" and "docker" in skip) and (note := check_partition_served(profile, labels)):
+        notes.append(note)
+    return notes

