@@ -11,6 +11,7 @@ runs on sm_89+); upstream's prefill logits exist only as the torch reference.
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import time
 import traceback
@@ -503,6 +504,20 @@ def decode_case(
                 "close",
             )
         )
+    # the opt-in paged-decode variants (DEEPINFER_SM80_INDEXER_DECODE), read at capture: same sets
+    ref_out = run_logits(0)
+    for variant in lg.DECODE_VARIANTS:
+        if variant == "default":
+            continue
+        os.environ[lg.DECODE_VARIANT_ENV] = variant
+        try:
+            t_v = statistics.median(time_graph(run_logits, n_sets, replays=10))
+            same = bool(torch.equal(run_logits(0), ref_out))
+        finally:
+            os.environ.pop(lg.DECODE_VARIANT_ENV, None)
+        entry[f"logits_us_{variant}"] = round(t_v, 1)
+        entry[f"logits_pct_of_copy_{variant}"] = round(100 * kbytes / (t_v * 1e3) / ceilings.copy_gbps, 1)
+        entry[f"logits_bitwise_{variant}"] = same
     if r == max(DECODE_ROWS):  # the other paged K decode (logits.PAGED_WORD_DECODE)
         lg.PAGED_WORD_DECODE = not lg.PAGED_WORD_DECODE
         try:
@@ -654,6 +669,8 @@ def targets(res: dict[str, object]) -> list[Target]:
 def main(out_dir: Path, ceilings: Ceilings) -> dict[str, object]:
     res: dict[str, object] = {}
     rows: list[Row] = []
+    # DEEPINFER_BENCH_INDEXER_SECTIONS=decode,prefill (comma list) runs only those sections
+    wanted = os.environ.get("DEEPINFER_BENCH_INDEXER_SECTIONS", "")
     for name, fn in (
         ("quant", check_quant),
         ("logits_check", check_logits),
@@ -661,6 +678,8 @@ def main(out_dir: Path, ceilings: Ceilings) -> dict[str, object]:
         ("decode", lambda: decode(ceilings, rows, res)),
         ("prefill", lambda: prefill(ceilings, rows, res)),
     ):
+        if wanted and name not in wanted.split(","):
+            continue
         start = time.time()
         try:
             value = fn()
