@@ -21,6 +21,7 @@ from deepinfer_sm80.testing.bench import (
     Ceilings,
     Row,
     Timing,
+    _copy_kernel,
     format_line,
     input_sets_needed,
     summarize,
@@ -181,6 +182,7 @@ def _insert_size(cu: object, tokens: int, ceilings: Ceilings, gen: torch.Generat
     if tokens in SWEEP_INSERT_AT and not QUICK:
         for bt, nw in INSERT_SWEEP:
             impls[f"optimized[T{bt},w{nw}]"] = call(kvi.launch_insert, block_t=bt, num_warps=nw)
+    impls[SAME_SIZE_COPY] = same_size_copy(bytes_moved, n_sets)
     timings = {
         n: summarize(f"kv_insert T={tokens} {n}", time_graph(fn, n_sets), bytes_moved, ceilings)
         for n, fn in impls.items()
@@ -188,8 +190,28 @@ def _insert_size(cu: object, tokens: int, ceilings: Ceilings, gen: torch.Generat
     return _report(timings, tokens=tokens, block_size=bs, input_sets=n_sets)
 
 
+SAME_SIZE_COPY = "copy[same bytes]"
+
+
+def same_size_copy(bytes_moved: int, n_sets: int) -> Callable[[int], object]:
+    """An SM copy kernel reading and writing bytes_moved in all (half each way), over n_sets buffer pairs
+    rotated like the op's inputs: the ceiling at this size, launch and tail included, in the same run."""
+    n = max(1, bytes_moved // 8)  # int32 words each way
+    pairs = [
+        (torch.zeros(n, dtype=torch.int32, device="cuda"), torch.empty(n, dtype=torch.int32, device="cuda"))
+        for _ in range(n_sets)
+    ]
+    block = 4096
+    return lambda i: _copy_kernel[(triton.cdiv(n, block),)](
+        pairs[i][0], pairs[i][1], n, BLOCK=block, num_warps=8
+    )
+
+
 def _report(timings: dict[str, Timing], **meta: object) -> dict[str, object]:
     opt = timings["optimized"]
+    copy = timings.get(SAME_SIZE_COPY)
+    if copy is not None:  # the op's time against a plain copy of its bytes, launch included both sides
+        meta["pct_of_same_size_copy"] = round(100 * copy.us / opt.us, 1)
     for n, t in timings.items():
         print(format_line(t, "" if n == "optimized" else f"optimized {t.us / opt.us:.2f}x faster"))
     speedups = {f"speedup_vs_{n}": round(t.us / opt.us, 3) for n, t in timings.items() if n != "optimized"}
@@ -283,6 +305,7 @@ def _gather_size(cu: object, tokens: int, ceilings: Ceilings, gen: torch.Generat
             impls[f"optimized[T{bt},w{nw}]"] = call(
                 kvg.launch_gather, max_gather_len=tokens, block_t=bt, num_warps=nw
             )
+    impls[SAME_SIZE_COPY] = same_size_copy(bytes_moved, n_sets)
     slow = tokens >= 131_072  # base/upstream take milliseconds there: fewer replays
     timings = {
         n: summarize(
