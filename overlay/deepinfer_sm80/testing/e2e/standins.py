@@ -108,6 +108,32 @@ def _install_triton_backend() -> None:
     _note("triton_backend")
 
 
+def _interpreter_bool_args() -> None:
+    """Triton 3.7.1's interpreter turns a Python bool kernel argument into an int1 over int32 data and
+    raises ("numpy data itemsize (32 bits) exceeds dtype primitive_bitwidth (1 bits)").
+
+    Replaces: nothing upstream; `models/deepseek_v41/common/engram.py:1163` passes `SORTED=sort`
+    (a bool, not a constexpr) to the Engram lookup (the project's `engram_lookup` row launches it
+    unchanged). On sm_80 the compiled kernel takes the bool as i1. Here a bool becomes int1 data.
+    """
+    import numpy as np
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    original = interpreter._implicit_cvt
+    if getattr(original, "_e2e_standin", False):
+        return
+
+    def implicit_cvt(arg: Any) -> Any:
+        if isinstance(arg, bool):
+            return tl.tensor(interpreter.TensorHandle(np.array([arg], dtype=np.bool_), tl.int1), tl.int1)
+        return original(arg)
+
+    implicit_cvt._e2e_standin = True  # type: ignore[attr-defined]
+    interpreter._implicit_cvt = implicit_cvt
+    _note("interpreter_bool_args")
+
+
 # ----------------------------------------------------------------------------- 2/3. MXFP8 linears
 def _quantization_config(module: Any) -> None:
     """V4.1's MXFP8 quant config on CPU too.
@@ -563,6 +589,41 @@ def _torch_gaps() -> None:
     _note("cuda_stream_capturing_false")
 
 
+# ----------------------------------------------------------------------------- Engram device queries
+A100_SM_COUNT = 108  # an sm_80 A100's SM count: what the Engram lookup's grid is sized from on that GPU
+
+
+class _Sm80Properties:
+    """The fields of `torch.cuda.get_device_properties` the CPU run is asked for, as an A100 reports them."""
+
+    name = "e2e-cpu stand-in for an sm_80 device"
+    major, minor = 8, 0
+    multi_processor_count = A100_SM_COUNT
+
+
+def _device_queries() -> None:
+    """`torch.accelerator.current_device_index()` and `torch.cuda.get_device_properties()` with no GPU.
+
+    Replaces: `models/deepseek_v41/common/engram.py:1002-1004` sizes the Engram table's lookup from
+    the device's SM count at construction; on CPU torch raises "Cannot access accelerator device".
+    On sm_80 the real A100/A800/RTX 3090 properties serve. Only when CUDA is unavailable.
+    """
+    current, props = torch.accelerator.current_device_index, torch.cuda.get_device_properties
+    if getattr(props, "_e2e_standin", False):
+        return
+
+    def current_device_index() -> int:
+        return 0 if not torch.cuda.is_available() else current()
+
+    def get_device_properties(device: Any = None) -> Any:
+        return _Sm80Properties() if not torch.cuda.is_available() else props(device)
+
+    get_device_properties._e2e_standin = True  # type: ignore[attr-defined]
+    torch.accelerator.current_device_index = current_device_index
+    torch.cuda.get_device_properties = get_device_properties
+    _note("device_queries_sm80_properties")
+
+
 # ----------------------------------------------------------------------------- 11. indexer dispatch
 def _indexer_dispatch(module: Any) -> None:
     """Route vLLM's CPU dispatch of the sparse indexer to the CUDA path, where the project's rows are.
@@ -646,7 +707,9 @@ def install() -> None:
     _INSTALLED.append(True)
     sys.meta_path.insert(0, _PostImportFinder())
     _install_triton_backend()
+    _interpreter_bool_args()
     _torch_gaps()
+    _device_queries()
     _register_ops()
     _after_import("vllm.model_executor.layers.quantization")(_quantization_config)
     _after_import("vllm.model_executor.kernels.linear")(_mxfp8_kernels)
