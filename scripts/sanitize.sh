@@ -2,7 +2,9 @@
 # compute-sanitizer (memcheck, then racecheck) over every kernel's small-shape reference tests, on the
 # GPU machine: the same tests as the interpreter runs, with edge shapes (single token, odd lengths,
 # empty and -1 slots, page crossings). Run inside `make gpu-suite`'s environment (PYTHONPATH set).
-# Usage: [SANITIZE_TOOLS="memcheck racecheck"] [SANITIZE_FILES="test files, in order"] scripts/sanitize.sh OUT_DIR -> OUT_DIR/sanitize-<tool>.log, exit 1 on any error
+# Usage: [SANITIZE_TOOLS="memcheck racecheck"] [SANITIZE_FILES="test files, in order"] [SANITIZE_K="pytest -k
+# expression", default: every reference-comparison test] scripts/sanitize.sh OUT_DIR -> OUT_DIR/sanitize-<tool>.log,
+# exit 1 on any error
 set -uo pipefail
 OUT_DIR=${1:?out dir}
 mkdir -p "$OUT_DIR"
@@ -15,7 +17,7 @@ status=0
 for tool in ${SANITIZE_TOOLS:-memcheck racecheck}; do
   log="$OUT_DIR/sanitize-$tool.log"
   compute-sanitizer --tool "$tool" --target-processes all --error-exitcode 99 \
-    python3 -m pytest -q -p no:cacheprovider ${SANITIZE_FILES:-overlay/tests/ops} -k "($SELECT) and not ($DESELECT)" \
+    python3 -m pytest -v -p no:cacheprovider ${SANITIZE_FILES:-overlay/tests/ops} -k "${SANITIZE_K:-($SELECT) and not ($DESELECT)}" \
     >"$log" 2>&1
   rc=$?
   summary=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY|passed|failed" "$log" | tail -3 | tr '\n' ' ')

@@ -7,6 +7,7 @@ its own region of ctx/4 compressed states; prefill: a 1,536-token chunk of one r
 
 from __future__ import annotations
 
+import json
 import traceback
 from pathlib import Path
 
@@ -283,6 +284,9 @@ def main(out_dir: Path, ceilings: Ceilings) -> dict[str, object]:
                 except Exception:  # one broken shape must not lose the rest of the run
                     errors.append(f"decode tq{tq} h{heads} {label}: {traceback.format_exc(limit=2)}")
                     print(errors[-1])
+                # a time-boxed run keeps what it measured (removed once the full JSON is written)
+                partial = {"rows": [r.as_dict() for r in rows], "variants": _variants(dt), "errors": errors}
+                (out_dir / "sparse_mla-partial.json").write_text(json.dumps(partial, indent=1) + "\n")
     for heads in PREFILL_HEADS:
         for ctx in PREFILL_CONTEXTS.values():
             try:
@@ -290,6 +294,7 @@ def main(out_dir: Path, ceilings: Ceilings) -> dict[str, object]:
             except Exception:
                 errors.append(f"prefill h{heads} {ctx}: {traceback.format_exc(limit=2)}")
                 print(errors[-1])
+    (out_dir / "sparse_mla-partial.json").unlink(missing_ok=True)
     return {
         "rows": [r.as_dict() for r in rows],
         "targets": _targets(dt, pt) if dt and pt else [],

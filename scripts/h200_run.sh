@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Issue 25's H200 run, one device call per phase; everything lands in OUT_DIR/h200-run-<phase>.tar.gz.
+#   phase 1: the benches of the kernels issue 25 names (sparse-MLA decode with its opt-in variants, the
+#            indexer paged-decode logits and its variants, KV insert / gather with their sweeps and a
+#            same-size copy, the combiner), each next to upstream 0.32.0's kernels on the same inputs in
+#            CUDA graphs with inputs rotated beyond L2 and the copy ceiling measured in the same run; the
+#            GPU tests of these ops by name (-v: every outcome in the log); compute-sanitizer memcheck and
+#            racecheck over the variants' tests (edge shapes: empty and zero-valid lists, dense rows
+#            with invalid slots, TP8 heads, SWA only, page crossings, tiles past a row's length)
+#   phase 2: the indexer prefill (streamed top-k, workspace), the DSpark bench (graph target), and the
+#            rest of the ops' GPU tests
+# Usage (on the device, bundle carried): DEEPINFER_GIT_SHA=<sha> scripts/h200_run.sh 1|2 OUT_DIR
+# Each step is time-boxed and logs one outcome line; a failing step never stops the phase.
+set -uo pipefail
+PHASE=${1:?phase 1 or 2}; OUT_DIR=${2:?out dir}
+case "$PHASE" in 1|2) ;; *) echo "h200_run: phase must be 1 or 2, got '$PHASE'" >&2; exit 2 ;; esac
+[ -n "${DEEPINFER_GIT_SHA:-}" ] || { echo "h200_run: set DEEPINFER_GIT_SHA (the device copy's .git may be stale)" >&2; exit 2; }
+WORK=/tmp/h200-run-$PHASE; rm -rf "$WORK"; mkdir -p "$WORK" "$OUT_DIR"
+export PYTEST_WORKERS=${PYTEST_WORKERS:-12} PYTHONUNBUFFERED=1
+T0=$SECONDS
+BUDGET=${H200_RUN_BUDGET_S:-565}  # the call's 600 s less the tarball and the reply
+step() {  # step NAME SECONDS CMD...: one outcome line per step, the full log in WORK/NAME.log
+  local name=$1 secs=$2; shift 2
+  local t0=$SECONDS left=$((BUDGET - (SECONDS - T0)))
+  [ "$secs" -le "$left" ] || secs=$left  # a step never runs past the phase budget
+  if [ "$secs" -le 5 ]; then echo "step $name: not run (phase budget spent)"; return; fi
+  timeout "$secs" "$@" >"$WORK/$name.log" 2>&1
+  local rc=$?
+  echo "step $name: exit $rc in $((SECONDS - t0)) s (phase at $((SECONDS - T0)) s) | $(grep -E ' passed| failed|error|wrote|ERROR SUMMARY|RACECHECK SUMMARY' "$WORK/$name.log" | tail -2 | tr '\n' ' ' | cut -c1-300)"
+}
+suite() { bash scripts/gpu_suite.sh .gpu-bundle "$@"; }
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,utilization.gpu --format=csv >"$WORK/gpu-state.txt" 2>&1
+compute-sanitizer --version >"$WORK/sanitizer-version.txt" 2>&1
+OPS_TESTS="overlay/tests/ops/test_sparse_mla.py overlay/tests/ops/test_indexer_logits.py"
+if [ "$PHASE" = 1 ]; then
+  step bench_sparse_mla 230 env SKIP_TESTS=1 bash -c 'bash scripts/gpu_suite.sh .gpu-bundle "$0/bench" sparse_mla' "$WORK"
+  step bench_indexer_decode 100 env SKIP_TESTS=1 DEEPINFER_BENCH_INDEXER_SECTIONS=decode \
+    bash -c 'bash scripts/gpu_suite.sh .gpu-bundle "$0/bench" indexer' "$WORK"
+  step bench_kv 90 env SKIP_TESTS=1 bash -c 'bash scripts/gpu_suite.sh .gpu-bundle "$0/bench" kv_quant_insert kv_gather topk_swa_combine' "$WORK"
+  step tests 60 env SKIP_BENCH=1 TESTS="$OPS_TESTS overlay/tests/ops/test_indexer_topk.py overlay/tests/ops/test_kv_quant_insert.py overlay/tests/ops/test_kv_gather.py overlay/tests/ops/test_topk_swa_combine.py" \
+    bash -c 'bash scripts/gpu_suite.sh .gpu-bundle "$0/tests"' "$WORK"
+  step sanitize 200 env SKIP_TESTS=1 SKIP_BENCH=1 SANITIZE=1 SANITIZE_FILES="$OPS_TESTS" SANITIZE_K="variant" \
+    bash -c 'bash scripts/gpu_suite.sh .gpu-bundle "$0/sanitize"' "$WORK"
+else
+  step bench_indexer_prefill 240 env SKIP_TESTS=1 DEEPINFER_BENCH_INDEXER_SECTIONS=prefill \
+    bash -c 'bash scripts/gpu_suite.sh .gpu-bundle "$0/bench" indexer' "$WORK"
+  step bench_dspark 90 env SKIP_TESTS=1 DEEPINFER_BENCH_DSPARK_QUICK=1 \
+    bash -c 'bash scripts/gpu_suite.sh .gpu-bundle "$0/bench" dspark_draft' "$WORK"
+  step tests 150 env SKIP_BENCH=1 TESTS="overlay/tests/ops --ignore=overlay/tests/ops/test_mhc.py" \
+    bash -c 'bash scripts/gpu_suite.sh .gpu-bundle "$0/tests"' "$WORK"
+fi
+echo "phase $PHASE done in $((SECONDS - T0)) s"
+tar czf "$OUT_DIR/h200-run-$PHASE.tar.gz" -C "$WORK" .
+ls -la "$OUT_DIR"
