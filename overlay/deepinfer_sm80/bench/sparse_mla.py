@@ -39,6 +39,7 @@ PREFILL_CONTEXTS = {"16k": 16_384, "64k": 65_536}
 PREFILL_HEADS = (16, 32)
 RATIO = 4
 SPLIT_SWEEP = (8, 20, 40)  # forced split counts beside the heuristic's
+SWEEP_VARIANTS = ("default", "prefetch-w8", "prefetch-r32-w8")
 SWEEP_AT = ((1, 16, 16_384), (6, 16, 16_384), (24, 16, 16_384))
 TQ_AT_128K = (6, 24, 48)  # the device budget: every Tq at 16K, these at 128K
 # rotation beyond L2: up to MAX_SETS input sets over two pools of POOL_BYTES (a Tq-1 call reads 0.4 MB
@@ -137,15 +138,21 @@ def _decode_shape(up, tq: int, heads: int, ctx: int, ceilings: Ceilings, rows: l
         times[("variant", vname, tq, heads, ctx)] = (t, verdict)
         print(format_line(t, verdict))
     if (tq, heads, ctx) in SWEEP_AT:
-        for splits in SPLIT_SWEEP:
+        for vname, splits in ((v, sp) for v in SWEEP_VARIANTS for sp in SPLIT_SWEEP):
             out = [torch.empty_like(s.q) for s in sets]
+            var = dec.VARIANTS[vname]
+            tag = f"S{splits}" if vname == "default" else f"{vname} S{splits}"
             t = summarize(
-                f"decode {name} S={splits}",
-                time_graph(lambda i, out=out, sp=splits: optimized(i, out, splits=sp), n_sets, replays=5),
+                f"decode {name} {tag}",
+                time_graph(
+                    lambda i, out=out, sp=splits, var=var: optimized(i, out, splits=sp, variant=var),
+                    n_sets,
+                    replays=5,
+                ),
                 bytes_moved,
                 ceilings,
             )
-            times[("sweep", f"S{splits}", tq, heads, ctx)] = t
+            times[("sweep", tag, tq, heads, ctx)] = t
             print(format_line(t, _close(out[0].cpu(), outs["upstream"][0].cpu(), 448.0)))
 
 
