@@ -11,7 +11,9 @@ bytes `e4m3_rne_satfinite(clamp(x * 2^-e, ±448))`, scale byte `clamp(e + 127, 0
 SANITIZE_CACHE_NANS), pad byte 0. RoPE dims 448..511: GPT-J rotation of the bf16 latent at the group
 start `(pos // ratio) * ratio`, stored as bf16. `e` is taken from the bits of `amax * fl32(1/448)`
 (exact), where upstream takes `ceil(log2(.))` of it on the GPU: the two agree wherever the hardware
-log2 is exact at powers of two (checked against upstream on the H200).
+log2 is exact at powers of two (checked against upstream on the H200). SANITIZE_CACHE_NANS is proven
+against the reference only: upstream sets it on gfx950 alone, so its CUDA dispatcher has no sanitize
+path to compare with (the upstream-comparison test leaves that case out rather than always skip it).
 """
 
 from __future__ import annotations

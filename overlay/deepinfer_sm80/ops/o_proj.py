@@ -9,6 +9,13 @@ projection is a bf16 `torch.bmm` with fp32 accumulation.
 
 Memory per rank and layer: `G_local x 1024 x 4096` bf16 = 2 B per weight instead of Marlin's 1 B (+
 scales); `wo_a_bytes(tp)` gives the totals (docs/BLOCKERS.md lists them for TP2/4/8).
+
+Proof against upstream: tests/integration/test_o_proj_upstream.py runs the whole front (inverse RoPE +
+this bmm) against upstream's bf16 branch under the interpreter on every CI machine. A native-GPU twin
+(upstream's `deep_gemm_fp8_o_proj` called on CUDA) was removed: it needs upstream's
+`fused_inv_rope_fp8_quant` custom op registered for CUDA (a full vLLM build with `vllm._C`) and
+capability >= 8.9, so it could not run on an Ampere node (8.0/8.6) nor on the lent H200 (no `vllm._C`),
+and never passed anywhere (results/gpu/patches-h200.json records its failure).
 """
 
 from __future__ import annotations

@@ -136,3 +136,32 @@ def assert_within_ulps(
             f"first at {_index(pos, o.shape)}: out={o.flatten()[pos].item()!r} "
             f"ref={r.flatten()[pos].item()!r}, {int(steps[pos])} ulp"
         )
+
+
+def bf16_ulp(x: torch.Tensor) -> torch.Tensor:
+    """The spacing of bf16 values at |x| (fp32): 2^(e - 8) for x = m·2^e, m in [0.5, 1); 2^-133 at 0."""
+    _, e = torch.frexp(x.float())
+    ulp = torch.ldexp(torch.ones_like(x, dtype=torch.float32), e - 8)
+    return torch.where(x == 0, torch.full_like(ulp, 2.0**-133), ulp)
+
+
+def assert_within_bound(
+    name: str, out: torch.Tensor, ref: torch.Tensor, bound: torch.Tensor, *, why: str
+) -> None:
+    """|out - ref| <= bound elementwise (a per-element error bound argued in `why`), specials matching."""
+    if not why:
+        raise ValueError(f"{name}: a tolerance needs its reason")
+    if out.shape != ref.shape or bound.shape != ref.shape:
+        raise MismatchError(f"{name}: shapes {tuple(out.shape)} / {tuple(ref.shape)} / {tuple(bound.shape)}")
+    _check_special_positions(name, out.float(), ref.float())
+    o, r, b = out.detach().double().cpu(), ref.detach().double().cpu(), bound.detach().double().cpu()
+    finite = r.isfinite()
+    err = (o - r).abs().where(finite, torch.zeros_like(o))
+    bad = (err > b).flatten().nonzero()
+    if bad.numel():
+        pos = int(bad[0])
+        raise MismatchError(
+            f"{name}: {bad.numel()} elements outside their bound ({why}); first at {_index(pos, o.shape)}: "
+            f"out={o.flatten()[pos].item()!r} ref={r.flatten()[pos].item()!r} "
+            f"bound={b.flatten()[pos].item():.3e}"
+        )
