@@ -120,3 +120,41 @@ def test_scratch_tree_is_the_patched_wheel_and_idempotent(tmp_path: Path) -> Non
     assert (site / ".e2e-tree-digest").stat().st_mtime_ns == stamp
     assert (tmp_path / "optimized" / "site" / "vllm" / "deepinfer_sm80_level.py").exists()
     assert env["TRITON_INTERPRET"] == "1" and env["DEEPINFER_SM80_FORCE_CAPABILITY"] == "80"
+
+
+def test_required_rows_are_binding_rows() -> None:
+    """A typo in a required row would make its target unmeetable or, worse, never asked for."""
+    from deepinfer_sm80.bindings import BINDINGS
+    from deepinfer_sm80.testing.e2e import runner
+
+    names = {b.name for b in BINDINGS}
+    for kind in ("ci", "full"):
+        for engine in runner.plan(kind, engram=True):
+            for case in engine.cases:
+                for level, rows in case.rows.items():
+                    assert level in runner.LEVELS and rows, (engine.name, case.name)
+                    assert set(rows) <= names, set(rows) - names
+    assert set(runner.LOAD_ROWS) <= names
+
+
+def test_indexer_gather_standin_reads_the_planar_pages() -> None:
+    """The cp_gather stand-in returns each request's states in order, codes and scales, from its blocks."""
+    import torch
+
+    from deepinfer_sm80.formats.indexer_k import make_k_cache, state_views
+    from deepinfer_sm80.testing.e2e.standins import cp_gather_indexer_k_quant_cache
+
+    gen = torch.Generator().manual_seed(7)
+    k_cache = make_k_cache(4, 8)
+    codes, scales = state_views(k_cache)
+    codes.copy_(torch.randint(0, 256, codes.shape, dtype=torch.uint8, generator=gen))
+    scales.copy_(torch.exp2(torch.randint(-4, 4, scales.shape, generator=gen).float()))
+    block_table = torch.tensor([[2, 0, -1], [3, 1, -1]], dtype=torch.int32)
+    cu = torch.tensor([0, 11, 14], dtype=torch.int32)
+    dst_k = torch.full((14, 128), 0xFF, dtype=torch.uint8)
+    dst_s = torch.full((14, 4), 0xFF, dtype=torch.uint8)
+    cp_gather_indexer_k_quant_cache(k_cache, dst_k, dst_s, block_table, cu)
+    for row, (req, pos) in enumerate([(0, p) for p in range(11)] + [(1, p) for p in range(3)]):
+        block = int(block_table[req, pos // 8])
+        assert torch.equal(dst_k[row], codes[block, pos % 8])
+        assert torch.equal(dst_s[row].view(torch.float32), scales[block, pos % 8].reshape(1))
