@@ -115,8 +115,8 @@ class EngramLayout:
 
 
 def engram_rows(table: torch.Tensor, hashes: torch.Tensor) -> torch.Tensor:
-    """Dequantized bf16 table [rows, dim] (fp32-held) at hashes [T, C] -> flat [T, C * dim]."""
-    return table[hashes].reshape(hashes.shape[0], -1)
+    """Dequantized table [rows, dim] (bf16) at hashes [T, C] -> flat fp32 [T, C * dim] (bf16 values)."""
+    return table[hashes].reshape(hashes.shape[0], -1).to(torch.float32)
 
 
 def engram_inject(
