@@ -223,6 +223,10 @@ class AB:
     bootstrap_resamples: int = 10_000
     seed: int = 0
     deltas: dict[str, float] = field(default_factory=lambda: {"decode_tok_s": 0.02, "ttft_ms": 0.03})
+    # the numeric parity certificate's tolerances, declared before the run (docs/AB_METHOD.md):
+    # nll_doc_abs = largest |NLL_B − NLL_A| per document (nats/token), greedy_match = least share of
+    # prompts whose greedy tokens are identical; unset: reported, not decided
+    numerics: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         _require(self.repetitions >= 1, "ab.repetitions", self.repetitions, "must be >= 1")
@@ -234,6 +238,16 @@ class AB:
         )
         for k, v in self.deltas.items():
             _require(0 < v < 1, f"ab.deltas.{k}", v, "must be a relative change in (0, 1), e.g. 0.02")
+        allowed = ("nll_doc_abs", "greedy_match")
+        for k, v in self.numerics.items():
+            _require(k in allowed, f"ab.numerics.{k}", v, f"unknown tolerance; allowed {list(allowed)}")
+            _require(v >= 0, f"ab.numerics.{k}", v, "must be >= 0")
+        _require(
+            self.numerics.get("greedy_match", 0) <= 1,
+            "ab.numerics.greedy_match",
+            self.numerics.get("greedy_match"),
+            "must be in [0, 1]",
+        )
 
 
 @dataclass

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import os
 import platform
+import shlex
 import subprocess
 import sys
 import time
@@ -51,6 +53,28 @@ def foreign_host(layout: RunLayout) -> str | None:
         return None
     other = read_json(layout.manifest).get("harness", {}).get("host_id")
     return other if other and other != host_id() else None
+
+
+CLIENT_DISTS = ("aiohttp", "pandas", "numpy", "scipy", "matplotlib", "pyyaml")
+
+
+def client_hardware() -> str:
+    """The client host in words (the servers' GPUs are per session, from nvidia-smi)."""
+    cpu = ""
+    try:
+        cpu = next(
+            (
+                ln.split(":", 1)[1].strip()
+                for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                if ln.startswith("model name")
+            ),
+            "",
+        )
+    except OSError:
+        pass
+    return (
+        f"client {platform.machine()} {cpu or platform.processor()} ({os.cpu_count()} logical cores)".strip()
+    )
 
 
 def _version(dist: str) -> str | None:
@@ -107,6 +131,9 @@ def init_manifest(
             "aiohttp": _version("aiohttp"),
             "corpus_text_sha256": text_sha256(),
             "host_id": host_id(),
+            "hardware": client_hardware(),
+            "command": shlex.join([Path(sys.orig_argv[0]).name, *sys.orig_argv[1:]]),
+            "versions": {d: _version(d) for d in CLIENT_DISTS},
         },
         "profile": profile_dict(profile),
         "cells": cell_rows,

@@ -247,6 +247,15 @@ def app() -> web.Application:
     application.router.add_get("/health", lambda _r: _ok(web.Response()))
     application.router.add_get("/version", lambda _r: _ok(web.json_response({"version": "0.32.0"})))
     application.router.add_get("/v1/models", lambda _r: _ok(web.json_response({"data": [{"id": "fake"}]})))
+    info = {
+        "vllm_config": {"model": "fake", "instance_id": "random"},
+        "vllm_env": {"VLLM_SERVER_DEV_MODE": "1"},
+        "system_env": {
+            "pip_packages": "torch==2.13.0\nvllm-cpu==0.32.0\nnumpy==2.0",
+            "nvidia_driver_version": None,
+        },
+    }
+    application.router.add_get("/server_info", lambda _r: _ok(web.json_response(info)))
     return application
 
 

@@ -206,3 +206,24 @@ def test_two_level_bootstrap_for_percentiles():
     assert ci.ci_low < 1.25 < ci.ci_high and ci.ci_low > 1.0
     same = two_level_ratio(a, a, 90, resamples=2000, seed=1)
     assert same.ratio == 1.0 and same.ci_low < 1.0 < same.ci_high  # within-run noise is kept
+
+
+def test_host_timing_rules_on_constructed_facts():
+    """The event-loop lag rule on constructed facts (the pipeline tests switch it off: a shared host)."""
+    from deepinfer_harness.analysis.validity import check_run
+    from deepinfer_harness.cells import Cell
+    from deepinfer_harness.prometheus import Snapshot
+
+    limits = {
+        "loop_lag_p99_ms": 5.0,
+        "loop_lag_max_ms": 50.0,
+        "first_request_factor": 3.0,
+        "inflight_fraction": 0.95,
+    }
+    facts = {"loop_lag": {"loop_lag_p99_ms": 6.0, "loop_lag_max_ms": 51.0}}
+    out = check_run(Cell("prefill-cold", 64), [], [], facts, Snapshot(), Snapshot(), {}, limits)
+    assert "event-loop lag p99 6.0 ms > 5.0" in out["violations"]
+    assert "event-loop lag max 51.0 ms > 50.0" in out["violations"]
+    calm = {"loop_lag": {"loop_lag_p99_ms": 4.0, "loop_lag_max_ms": 49.0}}
+    out = check_run(Cell("prefill-cold", 64), [], [], calm, Snapshot(), Snapshot(), {}, limits)
+    assert not any(v.startswith("event-loop") for v in out["violations"])

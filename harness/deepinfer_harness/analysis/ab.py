@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from deepinfer_harness.analysis.metrics import METRICS
+from deepinfer_harness.analysis.metrics import METRICS, nll_of
 from deepinfer_harness.analysis.reader import RunReader
 from deepinfer_harness.analysis.stats import (
     MIN_PAIRS,
@@ -237,7 +237,7 @@ def _nll_pair(reader: RunReader, cell_id: str, a: tuple[str, int], b: tuple[str,
         return {r.index: r for r in reader.records(RunKey(cell_id, *v)) if r.prompt_logprobs}
 
     ra, rb = load(a), load(b)
-    diffs, agree, total = [], 0, 0
+    diffs, doc_diffs, agree, total = [], [], 0, 0
     for i in sorted(set(ra) & set(rb)):
         pa, pb = ra[i].prompt_logprobs, rb[i].prompt_logprobs
         for la, lb, ta, tb in zip(pa["lp"], pb["lp"], pa["top1"], pb["top1"], strict=False):
@@ -245,6 +245,9 @@ def _nll_pair(reader: RunReader, cell_id: str, a: tuple[str, int], b: tuple[str,
                 diffs.append(abs(la - lb))
             agree += int(ta is not None and ta == tb)
             total += 1
+        na, nb = nll_of(pa["lp"]), nll_of(pb["lp"])
+        if math.isfinite(na) and math.isfinite(nb):
+            doc_diffs.append(abs(na - nb))
     if not diffs:
         return {}
     return {
@@ -252,6 +255,8 @@ def _nll_pair(reader: RunReader, cell_id: str, a: tuple[str, int], b: tuple[str,
         "dnll_abs_mean": statistics.fmean(diffs),
         "dnll_abs_p99": percentile(diffs, 99),
         "dnll_abs_max": max(diffs),
+        "doc_dnll_abs_max": max(doc_diffs) if doc_diffs else None,  # |NLL_B − NLL_A| per document
+        "docs": len(doc_diffs),
         "top1_agreement": agree / total if total else None,
     }
 
@@ -290,3 +295,62 @@ def numerics(reader: RunReader, cell: CellRuns) -> dict[str, Any]:
         "ab": [x for x in ab if x],
         "aa": [x for x in aa if x],
     }
+
+
+def numeric_certificate(numerics_rows: list[dict[str, Any]], tolerances: dict[str, float]) -> dict[str, Any]:
+    """The A/B numerics claim: for every NLL cell, every A/B pair's largest per-document |ΔNLL|
+    within `nll_doc_abs` (nats/token); for every greedy cell, every A/B pair's exact-match rate at
+    least `greedy_match`. Tolerances are declared in the profile before the run (ab.numerics);
+    a cell without an A/B pair makes the certificate incomplete, never ok."""
+    checks: list[dict[str, Any]] = []
+    for num in numerics_rows:
+        kind, cell = num["kind"], num["cell_id"]
+        if kind == "nll":
+            key, goal, direction, unit = "doc_dnll_abs_max", tolerances.get("nll_doc_abs"), "<=", "nats/token"
+        else:
+            key, goal, direction, unit = (
+                "greedy_exact_match_rate",
+                tolerances.get("greedy_match"),
+                ">=",
+                "fraction",
+            )
+        values = [p[key] for p in num["ab"] if p.get(key) is not None]
+        aa = [p[key] for p in num["aa"] if p.get(key) is not None]
+        measured = (max(values) if direction == "<=" else min(values)) if values else None
+        met = None
+        if measured is not None and goal is not None:
+            met = measured <= goal if direction == "<=" else measured >= goal
+        checks.append(
+            {
+                "cell_id": cell,
+                "kind": kind,
+                "metric": key,
+                "measured": measured,
+                "goal": goal,
+                "direction": direction,
+                "unit": unit,
+                "met": met,
+                "ab_pairs": [p["pair"] for p in num["ab"] if p.get(key) is not None],
+                "aa_values": aa,
+            }
+        )
+    if not checks:
+        status = "none"
+    elif any(c["met"] is False for c in checks):
+        status = "fail"
+    elif all(c["met"] for c in checks):
+        status = "ok"
+    else:
+        status = "incomplete"  # no A/B pair, or no tolerance declared
+    return {"status": status, "tolerances": tolerances, "checks": checks}
+
+
+def certificate_lines(cert: dict[str, Any]) -> list[str]:
+    """One line per check and a verdict line, for the end of a run."""
+    lines = []
+    for c in cert["checks"]:
+        got = "n/a" if c["measured"] is None else f"{c['measured']:.4g}"
+        goal = "no tolerance declared" if c["goal"] is None else f"goal {c['direction']} {c['goal']:g}"
+        state = {True: "met", False: "NOT MET", None: "not decided"}[c["met"]]
+        lines.append(f"  numerics {c['cell_id']}: A/B {c['metric']} {got} {c['unit']} ({goal}): {state}")
+    return [f"numeric parity certificate: {cert['status']}", *lines] if lines else []

@@ -39,38 +39,51 @@ def _labels(summary: dict) -> dict[str, str]:
     return {v: f"{v}: {labels.get(v, v)}" for v in ("A", "B")}
 
 
+def _present(x: object) -> bool:
+    """A number, not None/NaN (pandas turns a missing ratio into NaN, which is truthy)."""
+    return isinstance(x, int | float) and not pd.isna(x)
+
+
 def _ci_present(row: dict) -> bool:
     low = row.get("ci_low")
     return isinstance(low, int | float) and low == low  # NaN != NaN: pandas' missing value
 
 
 def throughput_ab(ab: pd.DataFrame, labels: dict[str, str]) -> Figure:
-    """End-to-end throughput per cell, A vs B, one panel per metric, B/A ratio and 95 % CI on each group."""
+    """End-to-end throughput per cell, A vs B, one panel per metric, B/A ratio and 95 % CI on each
+    group. An arm without a valid run gets no bar (a note instead), a row without a ratio no label."""
     metrics = [m for m in ("prefill_tok_s", "decode_tok_s") if (ab["metric"] == m).any()]
-    fig, axes = plt.subplots(1, len(metrics), figsize=(6 * len(metrics), 4.5), squeeze=False)
+    fig, axes = plt.subplots(1, len(metrics), figsize=(6 * len(metrics), 4.8), squeeze=False)
     for ax, metric in zip(axes[0], metrics, strict=True):
         rows = ab[ab["metric"] == metric].reset_index(drop=True)
         for i, row in rows.iterrows():
             tops = []
             for j, v in enumerate(("A", "B")):
                 side = row[v.lower()]
-                runs = [x for x in side["runs"] if isinstance(x, int | float)]
-                est = side["estimate"] or 0
+                x = i + (j - 0.5) * 0.38
+                est = side.get("estimate")
+                if not _present(est):
+                    ax.annotate(
+                        f"{v}: no valid run",
+                        (x, 0),
+                        xytext=(0, 3),
+                        textcoords="offset points",
+                        ha="center",
+                        fontsize=6,
+                        rotation=90,
+                        va="bottom",
+                    )
+                    continue
+                runs = [r for r in side["runs"] if _present(r)]
                 err = [[est - min(runs, default=est)], [max(runs, default=est) - est]]
                 ax.bar(
-                    i + (j - 0.5) * 0.38,
-                    est,
-                    0.36,
-                    color=COLORS[v],
-                    yerr=err,
-                    capsize=3,
-                    label=labels[v] if i == 0 else None,
+                    x, est, 0.36, color=COLORS[v], yerr=err, capsize=3, label=labels[v] if i == 0 else None
                 )
                 tops.append(max(runs, default=est))
-            if row["ratio"]:
+            if _present(row["ratio"]) and tops:
                 ci = (
                     f"[{row['ci_low']:.2f}, {row['ci_high']:.2f}]"
-                    if pd.notna(row["ci_low"])
+                    if _present(row["ci_low"])
                     else f"no CI: {row['n_pairs']} pairs"
                 )
                 text = f"{row['ratio']:.2f}× {row['mark']}\n{ci}"
@@ -78,14 +91,23 @@ def throughput_ab(ab: pd.DataFrame, labels: dict[str, str]) -> Figure:
                     text, (i, max(tops)), xytext=(0, 4), textcoords="offset points", ha="center", fontsize=7
                 )
         ax.set_xticks(range(len(rows)), rows["cell_id"], fontsize=7, rotation=15)
-        ax.set_ylabel(f"{metric} (bar: mean of valid runs, whiskers: min–max)")
+        ax.set_ylabel(metric.replace("_tok_s", " tok/s"))
+        ax.set_title("bar: mean of valid runs, whiskers: min–max", fontsize=8)
         ax.margins(y=0.2)
-        ax.legend(fontsize=8)
+        handles, _ = ax.get_legend_handles_labels()
+        if handles:
+            ax.legend(fontsize=8)
     has_ci = any(_ci_present(r) for r in ab.to_dict("records"))
     ci = f"95 % CI where a cell has >= {MIN_PAIRS} pairs" if has_ci else f"no CI (no cell has {MIN_PAIRS})"
     fig.suptitle(f"Throughput per cell: B/A ratio, {ci}, and mark")
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 0.95))
     return fig
+
+
+def _size_label(n: float) -> str:
+    """128, 1k, 64k: prompt lengths as the cell ids write them (never 2^7)."""
+    n = int(n)
+    return f"{n // 1024}k" if n >= 1024 and n % 1024 == 0 else str(n)
 
 
 def _arm_lines(ax: Axes, d: pd.DataFrame, x: str, metric: str, labels: dict[str, str]) -> None:
@@ -110,6 +132,7 @@ def decode_scaling(runs: pd.DataFrame, labels: dict[str, str]) -> Figure:
         _arm_lines(ax, d, "concurrency", metric, labels)
         ax.set_xscale("log", base=2)
         ax.set_xticks(sorted(d["concurrency"].unique()), [str(c) for c in sorted(d["concurrency"].unique())])
+        ax.minorticks_off()
         ax.set_xlabel("concurrency C")
         ax.set_ylabel(unit)
         ax.grid(alpha=0.3)
@@ -129,6 +152,9 @@ def prefill_by_isl(runs: pd.DataFrame, labels: dict[str, str]) -> Figure:
     ):
         _arm_lines(ax, d, "isl", metric, labels)
         ax.set_xscale("log", base=2)
+        isls = sorted(d["isl"].unique())
+        ax.set_xticks(isls, [_size_label(x) for x in isls])
+        ax.minorticks_off()
         ax.set_xlabel("prompt length (tokens)")
         ax.set_ylabel(unit)
         ax.grid(alpha=0.3)
@@ -194,7 +220,8 @@ def charts_for_run(run_dir: Path, out: Path) -> list[Path]:
     if not runs.empty and runs["kind"].isin(["prefill-cold", "ttft"]).any():
         written += save(prefill_by_isl(runs, labels), out, "prefill_by_isl", note)
     numerics = pd.DataFrame(ab["numerics"])
-    if not numerics.empty and any(len(x) for x in numerics.get("ab", [])):
+    nll = numerics[numerics["kind"] == "nll"] if not numerics.empty else numerics
+    if not nll.empty and any(len(x) for x in nll["ab"]):  # greedy pairs alone would draw nothing
         written += save(nll_deltas(numerics), out, "nll_deltas", note)
     return written
 

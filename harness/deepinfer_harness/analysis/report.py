@@ -8,12 +8,21 @@ from __future__ import annotations
 
 import math
 import platform
+from datetime import UTC, datetime
 from typing import Any
 
 import pandas as pd
 
 from deepinfer_harness import SCHEMA_VERSION, __version__
-from deepinfer_harness.analysis.ab import CellRuns, Samples, compare_metric, metrics_for, numerics
+from deepinfer_harness.analysis.ab import (
+    CellRuns,
+    Samples,
+    certificate_lines,
+    compare_metric,
+    metrics_for,
+    numeric_certificate,
+    numerics,
+)
 from deepinfer_harness.analysis.metrics import ttft_ns
 from deepinfer_harness.analysis.reader import RunReader
 from deepinfer_harness.analysis.run_summary import summary_of
@@ -38,9 +47,18 @@ PM = "±"  # always printed as "mean ± sd (n runs)"
 
 
 def fmt(x: Any, digits: int = 3) -> str:
+    """`digits` significant figures in plain notation (140, 0.085, 4.79, 32,000); an exponent only
+    below 0.001, where plain notation would hide the value."""
     if not isinstance(x, int | float) or (isinstance(x, float) and not math.isfinite(x)):
         return "n/a"
-    return f"{x:.{digits}g}" if abs(x) < 1000 else f"{x:,.0f}"
+    if x == 0:
+        return "0"
+    if abs(x) >= 1000:
+        return f"{x:,.0f}"
+    magnitude = math.floor(math.log10(abs(x)))
+    if magnitude < -3:
+        return f"{x:.{digits}g}"
+    return f"{x:.{max(digits - 1 - magnitude, 0)}f}"
 
 
 def pct(x: Any) -> str:
@@ -156,6 +174,7 @@ def build_report(layout: RunLayout) -> dict[str, Any]:
                 ab["rows"].append(row)
         if cell.kind in ("nll", "greedy"):
             ab["numerics"].append(numerics(reader, cell))
+    ab["numeric_certificate"] = numeric_certificate(ab["numerics"], ab_cfg.get("numerics") or {})
     write_json(layout.ab, ab)
     missing = [f"{c.cell_id}/{m}" for c in cells for m in c.missing]
     invalid = [
@@ -167,15 +186,7 @@ def build_report(layout: RunLayout) -> dict[str, Any]:
         "schema_version": SCHEMA_VERSION,
         "run_id": manifest["run_id"],
         "aa_run": aa_run,
-        "provenance": {
-            "harness_version": __version__,
-            "git_sha": manifest["harness"].get("git_sha"),
-            "python": platform.python_version(),
-            "profile": manifest["profile"]["name"],
-            "parity": manifest.get("parity"),
-            "labels": manifest["profile"]["labels"],
-            "note": manifest.get("note"),
-        },
+        "provenance": provenance(manifest),
         "runs": runs,
         "n_runs": len(runs),
         "n_expected": len(cells) * len(manifest["schedule"]),
@@ -184,10 +195,117 @@ def build_report(layout: RunLayout) -> dict[str, Any]:
         "n_invalid": len(invalid),
         "marks": _mark_counts(ab["rows"]),
         "ab_lines": [row["line"] for row in ab["rows"]],
+        "numeric_certificate": ab["numeric_certificate"],
+        "certificate_lines": certificate_lines(ab["numeric_certificate"]),
     }
+    summary["targets"] = targets(summary, parity)
     write_json(layout.summary, summary)
     write_tables(layout, runs, ab, summary)
     return summary
+
+
+# What a summary read alone must say about each arm (issue 23 defect 6): the build it measured
+ARM_FACTS = (
+    "label",
+    "served_model",
+    "vllm_version",
+    "engine_version",
+    "pip_packages",
+    "image",
+    "image_digest",
+    "image_labels",
+    "image_revision",
+    "patches",
+    "patches_sha256",
+    "level",
+    "attention_backend",
+    "speculative_config",
+    "kv_cache",
+    "server_info_sha256",
+    "system_fingerprint",
+    "nvidia_driver_version",
+    "gpus",
+    "serve_args",
+)
+
+
+def arm_provenance(manifest: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Per arm, from its first recorded server start (the parity certificate compares the rest)."""
+    out: dict[str, dict[str, Any]] = {}
+    for variant, facts in sorted((manifest.get("variants") or {}).items()):
+        out[variant] = {k: facts.get(k) for k in ARM_FACTS if facts.get(k) is not None}
+    return out
+
+
+def _hardware(harness: dict[str, Any], arms: dict[str, dict[str, Any]]) -> str:
+    gpus = sorted({f"{len(a['gpus'])}× {a['gpus'][0].get('name')}" for a in arms.values() if a.get("gpus")})
+    servers = ", ".join(gpus) if gpus else "no GPU seen by nvidia-smi (CPU servers)"
+    return f"{harness.get('hardware') or 'client unknown'}; servers: {servers}"
+
+
+def provenance(manifest: dict[str, Any]) -> dict[str, Any]:
+    harness = manifest.get("harness", {})
+    started = manifest.get("started_at")
+    arms = arm_provenance(manifest)
+    vllm = sorted({str(a.get("vllm_version")) for a in arms.values() if a.get("vllm_version")})
+    return {
+        "date": (
+            datetime.fromtimestamp(started, UTC).isoformat(timespec="seconds")
+            if isinstance(started, int | float)
+            else None
+        ),
+        "git_sha": harness.get("git_sha"),
+        "command": harness.get("command"),
+        "hardware": harness.get("hardware"),
+        "versions": {
+            "harness": __version__,
+            "python": platform.python_version(),
+            "vllm": " / ".join(vllm) or None,
+            **harness.get("versions", {}),
+        },
+        "harness_version": __version__,
+        "python": platform.python_version(),
+        "profile": manifest["profile"]["name"],
+        "model": manifest.get("model"),
+        "parity": manifest.get("parity"),
+        "labels": manifest["profile"]["labels"],
+        "note": manifest.get("note"),
+        "variants": arms,
+    }
+
+
+def targets(summary: dict[str, Any], parity: dict[str, Any]) -> list[dict[str, Any]]:
+    """What this run set out to show, measured (results/ target shape: met is a bool, a target not
+    met names its cause): every run present and valid, the arms' parity certificate clean, and each
+    numerics check whose tolerance the profile declared."""
+
+    def row(name: str, measured: Any, goal: float, unit: str, direction: str, cause: str) -> dict[str, Any]:
+        met = measured is not None and (measured <= goal if direction == "<=" else measured >= goal)
+        out = {"name": name, "measured": measured, "goal": goal, "unit": unit, "direction": direction}
+        return (
+            out | {"met": met} | ({} if met else {"cause": cause if measured is not None else "not measured"})
+        )
+
+    diffs = parity.get("diffs") if parity else None
+    out = [
+        row("runs present", summary["n_runs"], summary["n_expected"], "runs", ">=", "runs missing (resume)"),
+        row("invalid runs", summary["n_invalid"], 0, "runs", "<=", "see invalid_runs"),
+        row(
+            "arm parity differences (versions, flags, env)",
+            None if diffs is None else len(diffs),
+            0,
+            "items",
+            "<=",
+            "see provenance.parity.diffs",
+        ),
+    ]
+    for c in summary["numeric_certificate"]["checks"]:
+        if c["goal"] is not None:
+            name = f"A/B {c['metric']} {c['cell_id']}"
+            out.append(
+                row(name, c["measured"], c["goal"], c["unit"], c["direction"], "outside the tolerance")
+            )
+    return out
 
 
 def _mark_counts(rows: list[dict[str, Any]]) -> dict[str, int]:
@@ -292,6 +410,9 @@ def write_tables(
     text += ["", "## Missing runs", ""]
     text += [f"- {m}" for m in summary["missing_runs"]] or ["(none)"]
     text += ["", "## Runs", "", markdown(frame) if not frame.empty else "(none)", ""]
+    text += ["## Numeric parity certificate", ""]
+    text += certificate_lines(ab["numeric_certificate"]) or ["(no NLL or greedy cell)"]
+    text += [""]
     for num in ab["numerics"]:
         text += [f"## Numerics {num['cell_id']}", ""]
         text += [f"- {kind.upper()} {item}" for kind in ("ab", "aa") for item in num[kind]] + [""]

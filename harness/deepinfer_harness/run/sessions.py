@@ -238,6 +238,7 @@ def run_all(
                 "serve_args": launch.serve_args,
                 "env": launch.recorded_env(),
                 "base_url": launch.base_url,
+                "image": launch.image,
                 **launch.arm_facts(),
                 **facts,
             }
