@@ -98,7 +98,9 @@ def throughput_ab(ab: pd.DataFrame, labels: dict[str, str]) -> Figure:
         if handles:
             ax.legend(fontsize=8)
     has_ci = any(_ci_present(r) for r in ab.to_dict("records"))
-    ci = f"95 % CI where a cell has >= {MIN_PAIRS} pairs" if has_ci else f"no CI (no cell has {MIN_PAIRS})"
+    ci = f"95 % CI where a cell has >= {MIN_PAIRS} pairs"
+    if not has_ci:
+        ci = f"no CI (every cell < {MIN_PAIRS} pairs)"
     fig.suptitle(f"Throughput per cell: B/A ratio, {ci}, and mark")
     fig.tight_layout(rect=(0, 0, 1, 0.95))
     return fig
