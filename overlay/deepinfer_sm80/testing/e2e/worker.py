@@ -54,6 +54,7 @@ def run(plan: dict[str, Any]) -> dict[str, Any]:
     t_import = time.perf_counter() - t0
     llm = LLM(model=plan["model"], **plan["engine"])
     start = {"wall_s": time.perf_counter() - t0, "cpu_s": _cpu() - c0, "import_wall_s": t_import}
+    print(f"e2e-worker: engine up in {start['wall_s']:.1f} s wall, {start['cpu_s']:.1f} s CPU", flush=True)
     load_rows = coverage.counts()
     results = []
     for case in plan["cases"]:
@@ -67,6 +68,7 @@ def run(plan: dict[str, Any]) -> dict[str, Any]:
         t, c = time.perf_counter(), _cpu()
         outs = llm.generate([{"prompt_token_ids": p} for p in case["prompts"]], params, use_tqdm=False)
         wall, cpu = time.perf_counter() - t, _cpu() - c
+        print(f"e2e-worker: case {case['name']}: {wall:.1f} s wall, {cpu:.1f} s CPU", flush=True)
         prompts = []
         for prompt, out in zip(case["prompts"], outs, strict=True):
             gen = out.outputs[0]
