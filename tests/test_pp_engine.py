@@ -257,3 +257,52 @@ def test_kv_capacity_counts_replicas(vc, tmp_path) -> None:
     n = configs[1].num_blocks
     strides = {t.layers[0]: t.layer_stride for t in configs[1].kv_cache_tensors}  # one shared block pool
     assert strides == {name: n * spec.page_size_bytes for name, spec in specs.items()}
+
+
+@pytest.mark.parametrize(
+    ("partition", "rank", "size"),
+    [(None, 0, 1), ("20,20", 0, 2), ("20,20", 1, 2), ("8,12,20", 1, 3), ("8,12,20", 2, 3)],
+)
+def test_no_replication_runs_upstream_unchanged(
+    vc, monkeypatch, caplog, partition, rank: int, size: int
+) -> None:
+    """The 9.0 gate (issue 22): where no stage reads an earlier one, every pipeline wrapper is upstream's
+    function called with the same arguments, returning its object; nothing planned, logged, registered
+    or set on the model. The rows apply on every capability, so this is SM90+ PP > 1 as upstream runs it."""
+    import logging
+
+    monkeypatch.setattr(E, "_RUNTIMES", {})  # a fresh process: no stage registered yet
+    if partition is None:
+        monkeypatch.delenv(ENV_PARTITION, raising=False)
+    else:
+        monkeypatch.setenv(ENV_PARTITION, partition)
+    monkeypatch.setattr(E, "_pp_group", lambda: (rank, size))
+    calls: list = []
+    built, layer_fn = object(), object()
+
+    def upstream_make_layers(*args, **kwargs):
+        calls.append((args, kwargs))
+        return built
+
+    with caplog.at_level(logging.DEBUG, logger="deepinfer_sm80"):
+        assert E.wrap_make_layers(upstream_make_layers)(40, layer_fn, "u.layers") is built
+    assert calls == [((40, layer_fn, "u.layers"), {})]
+    assert E._RUNTIMES == {} and not caplog.records
+
+    model = SimpleNamespace(start_layer=0, end_layer=20)
+    before = dict(vars(model))
+    out, seen = object(), []
+
+    def upstream_forward(self, *args, **kwargs):
+        seen.append((self, args, kwargs))
+        return out
+
+    args, kwargs = (object(), torch.arange(3), None), {"inputs_embeds": None}
+    assert E.wrap_forward(upstream_forward)(model, *args, **kwargs) is out
+    assert seen == [(model, args, kwargs)]
+    empty = IntermediateTensors({"hidden_states": torch.zeros(2, 4, 8)})
+    got = E.wrap_make_empty_intermediate_tensors(lambda self, b, dt, dev: empty)(
+        model, 2, torch.bfloat16, "cpu"
+    )
+    assert got is empty and set(got.tensors) == {"hidden_states"}
+    assert vars(model) == before

@@ -16,8 +16,14 @@ from typing import Any
 
 LOG = logging.getLogger("deepinfer_sm80")
 
-# First capability with hardware e4m3 conversions (sm_89): below it, upstream's fp8 Triton/CuTeDSL paths fail.
+# First capability with hardware e4m3 conversions (sm_89): below it, upstream's fp8 Triton/CuTeDSL writers
+# fail, so the rows that replace them stop here (Ada keeps upstream's hardware-fp8 writers).
 HW_FP8_CAPABILITY = 89
+# First capability with FlashMLA (sm_90a SASS only) and DeepGEMM kernels, and with the CuTeDSL gather's
+# bf16.f16 conversion: the rows about those (the SM8x layer, its sparse MLA, the indexer logits and
+# DeepGEMM gates, the CuTeDSL gather) and the optimizations that run in or beside that layer apply below
+# it, so on 8.0, 8.6 and 8.9 (Ada) alike.
+NO_FLASHMLA_CAPABILITY = 90
 # Rows that are not about the architecture (pipeline replication) apply on every capability.
 EVERY_CAPABILITY = 1000
 LEVEL_MARKER = "vllm.deepinfer_sm80_level"  # created by patch 01 only
@@ -35,7 +41,8 @@ class Binding:
 
     `base=None` keeps upstream's own object at the base level; `optimized=None` means "same as base".
     `wrap=True`: the target is a factory `f(upstream_object) -> replacement` (gates, wrappers).
-    The row applies on CUDA devices of capability < `below` (8.0/8.6 by default).
+    The row applies on CUDA devices of capability < `below` (8.0/8.6 by default; 9.0 adds Ada).
+    `adds=True`: upstream's class lacks the attribute; the row adds it (absent where the row does not apply).
     """
 
     name: str
@@ -46,6 +53,7 @@ class Binding:
     why: str
     below: int = HW_FP8_CAPABILITY
     wrap: bool = False
+    adds: bool = False
 
     def __post_init__(self) -> None:
         if self.base is None and self.optimized is None:
@@ -53,6 +61,8 @@ class Binding:
         for target in (self.base, self.optimized):
             if target is not None and target.count(":") != 1:
                 raise ValueError(f"binding {self.name}: target {target!r} is not 'package.module:attr'")
+        if self.adds and (self.wrap or self.base is None or "." not in self.symbol):
+            raise ValueError(f"binding {self.name}: an added attribute needs a base target on 'Class.attr'")
 
     def target(self, level: str) -> str | None:
         """The implementation this row binds at `level`; None = upstream's own."""
@@ -71,7 +81,11 @@ BINDINGS: tuple[Binding, ...] = (
         symbol="quantize_and_insert_k_cache",
         base=f"{_CACHE}.kv_quant_insert:base_quantize_and_insert_k_cache",
         optimized=f"{_CACHE}.kv_quant_insert:quantize_and_insert_k_cache",
-        why="upstream's writer uses tl.float8e4nv (sm_89+); software e4m3, same bytes",
+        why="upstream's writer uses tl.float8e4nv (sm_89+); software e4m3, same bytes. No V4.1 CUDA call "
+        "site reaches it in 0.32.0 (the SWA insert is the C++ op fused_deepseek_v4_qnorm_rope_kv_rope_"
+        "quant_insert; only the V4 XPU path calls this writer); kept because deepseek_v41.common.ops "
+        "exports it, any caller on SM8x would hit the fp8e4nv CompilationError, and entry_point_ab times "
+        "the insert through it",
     ),
     Binding(
         name="kv_gather",
@@ -87,6 +101,7 @@ BINDINGS: tuple[Binding, ...] = (
         symbol="combine_topk_swa_indices",
         base=None,
         optimized=f"{_CACHE}.topk_swa_combine:combine_topk_swa_indices",
+        below=NO_FLASHMLA_CAPABILITY,
         why="upstream's combiner runs on sm_80 as is (the baseline); ours is one warp per token",
     ),
     Binding(
@@ -96,8 +111,21 @@ BINDINGS: tuple[Binding, ...] = (
         base=None,
         optimized="deepinfer_sm80.integration.dspark_draft:wrap_sample_sequential",
         wrap=True,
+        below=NO_FLASHMLA_CAPABILITY,
         why="upstream's op-by-op Markov chain runs on sm_80 (the baseline); ours is one launch per draft "
         "position after upstream's bias GEMM, and falls back to upstream's method where it does not apply",
+    ),
+    Binding(
+        name="dspark_topk_bias",
+        module="vllm.models.deepseek_v41.nvidia.dspark",
+        symbol="DSparkDeepseekV4ForCausalLM.apply_markov_bias_gathered",
+        base="deepinfer_sm80.integration.dspark_topk:apply_markov_bias_gathered",
+        optimized=None,
+        adds=True,
+        below=NO_FLASHMLA_CAPABILITY,
+        why="with dspark_draft_topk set, the speculator's top-k chain (speculator.py:229) calls this "
+        "method, which only the Qwen3 DSpark class defines: AttributeError at the first draft or graph "
+        "capture. Added as the Qwen3 class has it: upstream's DSparkMarkovHead.apply_bias_gathered, scaled",
     ),
     # ---- issue 13: patch 00, the serving path on SM8x (docs/BLOCKERS.md has one line per blocker)
     Binding(
@@ -107,6 +135,7 @@ BINDINGS: tuple[Binding, ...] = (
         base="deepinfer_sm80.integration.attention_select:select_attn_cls",
         optimized=None,
         wrap=True,
+        below=NO_FLASHMLA_CAPABILITY,
         why="FlashMLA (sm_90a/sm_100 only) is every layer's attention, DSpark's too; the SM8x layer runs "
         "the Triton sparse MLA, no head padding. Looked up at call time by the decoder layer",
     ),
@@ -116,6 +145,7 @@ BINDINGS: tuple[Binding, ...] = (
         symbol="rocm_sparse_attn_decode",
         base="deepinfer_sm80.ops.sparse_mla:base_sparse_attn_decode",
         optimized="deepinfer_sm80.ops.sparse_mla:sparse_attn_decode",
+        below=NO_FLASHMLA_CAPABILITY,
         why="upstream's single-pass/split decode kernels cast to tl.float8e4nv; the SM8x layer calls it",
     ),
     Binding(
@@ -124,6 +154,7 @@ BINDINGS: tuple[Binding, ...] = (
         symbol="rocm_sparse_attn_prefill",
         base="deepinfer_sm80.ops.sparse_mla:base_sparse_attn_prefill",
         optimized="deepinfer_sm80.ops.sparse_mla:sparse_attn_prefill",
+        below=NO_FLASHMLA_CAPABILITY,
         why="the SM8x layer's prefill calls this name; ported next to the decode (same record, same reduce)",
     ),
     Binding(
@@ -167,7 +198,7 @@ BINDINGS: tuple[Binding, ...] = (
         base="deepinfer_sm80.integration.gates:cutedsl_off",
         optimized=None,
         wrap=True,
-        below=90,
+        below=NO_FLASHMLA_CAPABILITY,
         why="CuTeDSL dequant-gather needs cvt.bf16.f16 (sm_90): below 9.0 the gather is Triton (ours < 8.9)",
     ),
     Binding(
@@ -177,6 +208,7 @@ BINDINGS: tuple[Binding, ...] = (
         base="deepinfer_sm80.integration.gates:deep_gemm_off",
         optimized=None,
         wrap=True,
+        below=NO_FLASHMLA_CAPABILITY,
         why="the builder calls DeepGEMM's get_paged_mqa_logits_metadata (no SM8x code) every decode step; "
         "only DeepGEMM's logits read it",
     ),
@@ -187,6 +219,7 @@ BINDINGS: tuple[Binding, ...] = (
         base="deepinfer_sm80.integration.gates:deep_gemm_not_needed",
         optimized=None,
         wrap=True,
+        below=NO_FLASHMLA_CAPABILITY,
         why="SparseAttnIndexer refuses to start without DeepGEMM; on SM8x its logits are the overlay's",
     ),
     Binding(
@@ -195,6 +228,7 @@ BINDINGS: tuple[Binding, ...] = (
         symbol="fp8_fp4_mqa_logits",
         base="deepinfer_sm80.ops.indexer.logits:fp8_fp4_mqa_logits",
         optimized=None,
+        below=NO_FLASHMLA_CAPABILITY,
         why="DeepGEMM fp8 MQA logits (JIT, SM90+); looked up at call time in sparse_attn_indexer",
     ),
     Binding(
@@ -203,6 +237,7 @@ BINDINGS: tuple[Binding, ...] = (
         symbol="fp8_fp4_paged_mqa_logits",
         base="deepinfer_sm80.ops.indexer.logits:fp8_fp4_paged_mqa_logits",
         optimized=None,
+        below=NO_FLASHMLA_CAPABILITY,
         why="DeepGEMM paged fp8 MQA logits (JIT, SM90+); looked up at call time in sparse_attn_indexer",
     ),
     Binding(
@@ -212,6 +247,7 @@ BINDINGS: tuple[Binding, ...] = (
         base=None,
         optimized="deepinfer_sm80.integration.indexer_stream:wrap_forward_cuda",
         wrap=True,
+        below=NO_FLASHMLA_CAPABILITY,
         why="streamed logits + running top-k (bounded workspace, candidate-only 24..36) in place of "
         "logits -> candidates -> top-k; sparse_attn_indexer is registered as vllm::sparse_attn_indexer "
         "while its module executes, so the hook cannot reach it: forward_cuda, which every dispatch of "
@@ -253,6 +289,7 @@ BINDINGS: tuple[Binding, ...] = (
         base=None,
         optimized="deepinfer_sm80.integration.yoco:count_get_simultaneous",
         wrap=True,
+        below=NO_FLASHMLA_CAPABILITY,
         why="counts scratch hand-outs, so a shared-KV layer reuses the compressed gather of the layer "
         "before it only when nothing else (MoE, indexer) took the workspace since; same views returned",
     ),
@@ -353,8 +390,19 @@ def row_applies(row: Binding, capability: int | None) -> bool:
     return capability is not None and capability < row.below
 
 
+class CapabilityUnknown(RuntimeError):
+    """A CUDA process whose device capability vLLM's platform cannot read (NVML failed)."""
+
+
 def device_capability(environ: MutableMapping[str, str] | None = None) -> int | None:
-    """The CUDA capability as vLLM's platform reports it (NVML: no CUDA context), or the forced value."""
+    """The CUDA capability as vLLM's platform reports it, major*10+minor, or the forced value.
+
+    Read as vLLM reads it: `current_platform.get_device_capability()` (NVML on CUDA, no CUDA context;
+    `DeviceCapability.to_int()`). None when not on CUDA. On CUDA with no answer (NVML failed: vLLM's
+    platform returns None, and its own `has_device_capability` then answers False for every gate), the
+    rows cannot be chosen: an H100 must not get the SM8x rows nor an A100 upstream's FlashMLA, so this
+    refuses with one line naming the override.
+    """
     forced = (environ if environ is not None else os.environ).get(ENV_FORCE_CAPABILITY)
     if forced:
         if not forced.isdigit():
@@ -364,11 +412,14 @@ def device_capability(environ: MutableMapping[str, str] | None = None) -> int | 
 
     if not current_platform.is_cuda():
         return None
-    # has_device_capability is what upstream's own gates call (and what tests fake)
-    for cap in (120, 110, 103, 100, 90, 89, 87, 86, 80, 75, 70):
-        if current_platform.has_device_capability(cap):
-            return cap
-    return 0
+    cap = current_platform.get_device_capability()
+    if cap is None:
+        raise CapabilityUnknown(
+            "DeepInfer-SM80: vLLM's platform could not read the CUDA device capability (NVML); the binding "
+            f"table cannot tell SM8x from SM90+. Fix NVML access or set {ENV_FORCE_CAPABILITY} (e.g. 80, 86, "
+            "89, 90) to the GPU's capability"
+        )
+    return int(cap.to_int())
 
 
 def resolve(target: str) -> Any:
@@ -401,9 +452,17 @@ _LOGGED: set[str] = set()
 _ORIGINALS_KEY = "__deepinfer_sm80_originals__"  # kept in the module's own globals
 
 
-def _get(namespace: MutableMapping[str, Any], symbol: str) -> Any:
+_REQUIRED = object()
+ABSENT = object()  # the "original" of an `adds` row: upstream's class has no such attribute
+
+
+def _get(namespace: MutableMapping[str, Any], symbol: str, default: Any = _REQUIRED) -> Any:
     head, _, attr = symbol.partition(".")
-    return getattr(namespace[head], attr) if attr else namespace[head]
+    if not attr:
+        return namespace[head]
+    if default is _REQUIRED:
+        return getattr(namespace[head], attr)
+    return getattr(namespace[head], attr, default)
 
 
 def _set(namespace: MutableMapping[str, Any], symbol: str, value: Any) -> None:
@@ -427,7 +486,7 @@ def rebind(namespace: MutableMapping[str, Any], module_name: str) -> dict[str, s
             continue
         saved = namespace.setdefault(_ORIGINALS_KEY, {})
         if row.symbol not in saved:  # a second run of the hook must wrap upstream's object, not ours
-            saved[row.symbol] = _get(namespace, row.symbol)
+            saved[row.symbol] = _get(namespace, row.symbol, ABSENT if row.adds else _REQUIRED)
         original = saved[row.symbol]
         target = chosen[row.name]
         if target is None:
@@ -478,4 +537,5 @@ def original(module_name: str, symbol: str) -> Callable[..., Any] | None:
     """Upstream's own object for a rebound symbol (for tests and for wrappers that fall back)."""
     module = sys.modules.get(module_name)
     saved = getattr(module, _ORIGINALS_KEY, {}) if module is not None else {}
-    return saved.get(symbol)
+    found = saved.get(symbol)
+    return None if found is ABSENT else found

