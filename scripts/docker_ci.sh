@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # CI's image check: `make image-smoke` on the CI machine itself (CPU only, no registry).
 #   Installs Debian's docker.io and debootstrap when absent, starts a dockerd of its own when none
-#   answers (and stops exactly that one at the end), then runs the smoke build. A cold run takes
-#   about a quarter of CI's 90 minutes (docker/README.md); when less than
-#   DOCKER_CI_MIN_LEFT_S of the budget is left after `make test`, it says so and skips.
+#   answers (and stops exactly that one at the end), then runs the smoke build (its measured stages:
+#   results/image-smoke-*.json, rendered in docker/README.md); when less than DOCKER_CI_MIN_LEFT_S of
+#   the budget is left after `make test`, it says so and skips.
 # Usage: scripts/docker_ci.sh CI_START_EPOCH_S
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,7 +16,7 @@ if [ "$left" -lt "$need" ]; then
     exit 0
 fi
 
-# two ~10 GB images sharing their layers plus the build cache and the base: measured ~25 GB here
+# two images sharing their layers plus the build cache and the base (sizes: results/image-smoke-*.json)
 need_gb=${DOCKER_CI_MIN_FREE_GB:-30}
 free_gb=$(df -Pk /var/lib 2>/dev/null | awk 'NR==2 {print int($4 / 1048576)}')
 if [ "${free_gb:-0}" -lt "$need_gb" ]; then

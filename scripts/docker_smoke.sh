@@ -5,7 +5,9 @@
 #      included, 3. `vllm serve --help` through each image's ENTRYPOINT, the OCI labels checked against
 #      the pin file and the patch set, 4. the harness's `--dry-run` docker commands for both tags, each
 #      run with `--help` in place of the serve arguments (no GPU here, so without `--gpus`).
-# Writes .cache/image-smoke/{smoke.log,summary.json}; docker/README.md quotes them.
+# Log in .cache/image-smoke/smoke.log; the run's JSON (per-stage seconds, image sizes and ids, cold or
+# cached, provenance) in results/image-smoke-<cold|cached>.json (scripts/image_smoke_result.py), which
+# docker/README.md renders (`make report`). A measurement: each run rewrites the file of its kind.
 # Env: DOCKER (default /usr/bin/docker, Debian's client: BuildKit without buildx), SMOKE_SUITE
 # (trixie), SMOKE_IMAGE_NAME (deepinfer-sm80-smoke), SMOKE_PYTHON (3.13, trixie's).
 set -euo pipefail
@@ -27,13 +29,17 @@ die() { echo "image-smoke: $*" >&2; exit 1; }
 "$DOCKER" info >/dev/null 2>&1 || die "no Docker daemon answers $DOCKER (apt-get install docker.io; start dockerd)"
 
 step "base image $BASE"
+t=$(date +%s)
+base_made=0
 if ! "$DOCKER" image inspect "$BASE" >/dev/null 2>&1; then
+    base_made=1
     command -v debootstrap >/dev/null || die "debootstrap missing (apt-get install debootstrap)"
     root=$(mktemp -d /var/tmp/deepinfer-base.XXXXXX)
     debootstrap --variant=minbase --include=ca-certificates "$SUITE" "$root" http://deb.debian.org/debian
     tar -C "$root" -c . | "$DOCKER" import - "$BASE"
     rm -rf "$root"
 fi
+base_s=$(( $(date +%s) - t ))
 
 extra=(--build-arg "BASE_IMAGE=$BASE" --build-arg "PYTHON_VERSION=$PY_VERSION" --progress=plain)
 # A TLS-inspecting proxy's CA (this machine's bundle), lent to pip as a build secret, never a layer.
@@ -47,6 +53,7 @@ make -o .venv/.stamp image DOCKER="$DOCKER" VLLM_BUILD=precompiled IMAGE_NAME="$
 build_s=$(( $(date +%s) - start ))
 
 step "labels, sizes, vllm serve --help"
+t=$(date +%s)
 patches_sha=$(bash docker/patchset_hash.sh patches)
 declare -A size
 for target in baseline deepinfer; do
@@ -70,15 +77,16 @@ for target in baseline deepinfer; do
     echo "$image: $ray (multi-node serving, docker/README.md)"
 done
 
-step "harness --dry-run against the tags"
-.venv/bin/python scripts/image_harness_dryrun.py "$DOCKER" "$NAME"
-ran=2
+checks_s=$(( $(date +%s) - t ))
 
-cat >"$OUT/summary.json" <<EOF
-{"what": "make image-smoke: VLLM_BUILD=precompiled on $BASE (Python $PY_VERSION), both targets",
- "date": "$(date -u +%FT%TZ)", "host_cpus": $(nproc), "build_wall_s": $build_s,
- "image_bytes": {"baseline": ${size[baseline]}, "deepinfer": ${size[deepinfer]}},
- "patches_sha256": "$patches_sha", "git_rev": "$(git rev-parse HEAD)", "harness_commands_run": $ran}
-EOF
-cat "$OUT/summary.json"
+step "harness --dry-run against the tags"
+t=$(date +%s)
+.venv/bin/python scripts/image_harness_dryrun.py "$DOCKER" "$NAME"
+harness_s=$(( $(date +%s) - t ))
+
+step "result JSON"
+.venv/bin/python scripts/image_smoke_result.py --log "$OUT/smoke.log" --docker "$DOCKER" \
+    --images "$NAME:baseline,$NAME:deepinfer" --base-made "$base_made" \
+    --phases "base image (debootstrap + import when absent)=$base_s,make image (both targets, wall)=$build_s,labels + vllm serve --help + ray per image=$checks_s,harness --dry-run commands=$harness_s" \
+    --out "results/image-smoke-<cache>.json"
 echo "image-smoke: passed in ${build_s} s of build"

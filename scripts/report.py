@@ -281,8 +281,10 @@ def render_image_smoke(res: Results, args: dict[str, str]) -> str:
     for rel in rels:
         doc = res.json(rel)
         for stage in doc["stages"]:
-            out.append([rel, doc["cache"], stage["name"], num(float(stage["seconds"]), 0), stage["status"]])
-    lines = [table(["run", "cache", "stage", "seconds", "status"], out), ""]
+            steps = f"{stage['steps_run']} / {stage['steps_cached']}" if "steps_run" in stage else "–"
+            seconds = num(float(stage["seconds"]), 0)
+            out.append([rel, doc["cache"], stage["name"], seconds, steps, stage["status"]])
+    lines = [table(["run", "cache", "stage or phase", "seconds", "steps run / cached", "status"], out), ""]
     images = []
     for rel in rels:
         for img in res.json(rel).get("images", []):
