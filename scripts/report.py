@@ -329,6 +329,26 @@ def render_mapping(res: Results, args: dict[str, str]) -> str:
     return table([args.get("key", "case"), args.get("value", "value")], cells)
 
 
+def render_records(res: Results, args: dict[str, str]) -> str:
+    """A JSON object of objects (by `path=`) as a table: one row per key, `columns=` inner keys."""
+    node: object = res.json(_need(args, "file"))
+    for key in _need(args, "path").split("."):
+        if not isinstance(node, dict) or key not in node:
+            raise ReportError(f"results/{args['file']}: no {args['path']!r}")
+        node = node[key]
+    columns = _list(args, "columns")
+    if not isinstance(node, dict) or not columns:
+        raise ReportError(f"results/{args['file']}: {args['path']!r}: no object of objects, or no columns=")
+    out = []
+    for name, rec in node.items():
+        missing = [c for c in columns if c not in rec]
+        if missing:
+            raise ReportError(f"results/{args['file']}: {args['path']}.{name} has no {missing}")
+        cells = [num(rec[c]) if isinstance(rec[c], int | float) else str(rec[c]) for c in columns]
+        out.append([str(name), *cells])
+    return table([args.get("key", "case"), *columns], out)
+
+
 RENDERERS: dict[str, Callable[[Results, dict[str, str]], str]] = {
     "rows": render_rows,
     "grid": render_grid,
@@ -341,6 +361,7 @@ RENDERERS: dict[str, Callable[[Results, dict[str, str]], str]] = {
     "value": render_value,
     "compile": render_compile,
     "mapping": render_mapping,
+    "records": render_records,
     "image-smoke": render_image_smoke,
 }
 
