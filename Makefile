@@ -9,9 +9,10 @@ PY := $(VENV)/bin/python
 CACHE := .cache
 VLLM_TREE := $(CACHE)/vllm-$(VLLM_VERSION)
 BUNDLE := .gpu-bundle
-PROFILE ?= smoke
+PROFILE ?= tiny-v41
 MODEL ?=
 BENCH_ARGS ?=
+BENCH_RESULTS ?= results/bench-ab
 
 .PHONY: setup fetch-vllm test lint test-cpu patches patches-check install-overlay uninstall-overlay sm80-report gpu-bundle gpu-suite image bench-ab charts clean
 
@@ -106,10 +107,20 @@ image: fetch-vllm
 image-smoke: fetch-vllm
 	bash scripts/docker_smoke.sh
 
-# Each run writes results/bench-ab/<profile>-<UTC time>/ (git-ignored); BENCH_ARGS passes harness
-# flags through, e.g. BENCH_ARGS="--dry-run" or "--run-id <existing run>" to resume one.
-bench-ab: setup
-	$(PY) -m deepinfer_harness bench-ab --profile $(PROFILE) $(if $(MODEL),--model $(MODEL)) $(BENCH_ARGS)
+# Each run writes $(BENCH_RESULTS)/<profile>-<UTC time>/ (git-ignored); BENCH_ARGS passes harness
+# flags through, e.g. BENCH_ARGS="--dry-run" or "--run-id <existing run>" to resume one. With no
+# MODEL and the default PROFILE: the tiny V4.1 A/B, base level vs DeepInfer level on CPU (issue 20).
+# GNU make exits 2 whenever a recipe fails, whatever its code: the harness's own status (0 ok,
+# 2 bad input, 3 invalid runs with --strict, 4 runs missing, 130 interrupted) is printed as the
+# last line and kept in $(BENCH_RESULTS)/.exit-status; a script that needs it as its exit status
+# runs the harness itself: $(PY) -m deepinfer_harness bench-ab ...
+bench-ab: setup $(if $(MODEL),,$(if $(filter tiny-v41,$(PROFILE)),fetch-vllm tiny-model))
+	@$(PY) -m deepinfer_harness bench-ab --profile $(PROFILE) $(if $(MODEL),--model $(MODEL)) \
+		--results $(BENCH_RESULTS) $(BENCH_ARGS); rc=$$?; \
+	mkdir -p $(BENCH_RESULTS) && echo $$rc > $(BENCH_RESULTS)/.exit-status; \
+	[ $$rc -eq 0 ] || echo "make bench-ab: harness exit status $$rc (2 bad input, 3 invalid runs" \
+		"with --strict, 4 runs missing, 130 interrupted; in $(BENCH_RESULTS)/.exit-status)" >&2; \
+	exit $$rc
 
 # The regions between <!-- report:KIND … --> markers in README.md, docs/*.md and docker/README.md, from
 # results/ (scripts/report.py); first every results JSON's provenance and target directions

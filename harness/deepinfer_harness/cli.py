@@ -1,6 +1,7 @@
 """deepinfer-harness: A/B benchmark of two vLLM 0.32.0 servers (baseline vs DeepInfer), files first.
 
-    python -m deepinfer_harness bench-ab --profile smoke            # tiny local model, CPU A/A
+    python -m deepinfer_harness bench-ab                             # tiny V4.1: base vs DeepInfer level, CPU
+    python -m deepinfer_harness bench-ab --profile smoke             # the harness's own quick self-test (A/A)
     python -m deepinfer_harness bench-ab --profile a100x8-tp8 --model /models/V4.1-Flash [--dry-run]
     python -m deepinfer_harness bench-ab --profile a800x16-tp8pp2 --url A=http://h:8000 --url B=http://h:8001
     python -m deepinfer_harness bench-ab --run-id smoke-20261201T101500Z     # resume that run
@@ -38,8 +39,9 @@ from deepinfer_harness.config import ConfigError, Profile, load_profile
 from deepinfer_harness.layout import RunLayout
 from deepinfer_harness.manifest import DefinitionMismatch, finalize_manifest, foreign_host, init_manifest
 from deepinfer_harness.plan import abba_schedule, build_cells, session_order
-from deepinfer_harness.run.preflight import CHECKS
+from deepinfer_harness.run.preflight import CHECKS, check_output
 
+DEFAULT_PROFILE = "tiny-v41"  # issue 20: with no profile and no model, the tiny V4.1 A/B on CPU
 TINY_MODEL_DIR = Path(".cache/deepinfer-tiny")
 TINY_V41_DIR = Path(".cache/tiny-v41")  # scripts/make_tiny_v41.py (make tiny-model)
 TINY_NOTE = (
@@ -176,6 +178,8 @@ def cmd_bench_ab(args: argparse.Namespace) -> int:
             "leave out --run-id for a new run, or pass --replace-evidence to re-generate it"
         )
     skip = frozenset(args.skip_check or [])
+    if "output" not in skip:
+        check_output(layout.root)  # before anything is built or started
     build_note = ensure_built(built, args.dry_run)
     if build_note:
         skip |= {"model"}
@@ -302,7 +306,11 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     def with_profile(sp: argparse.ArgumentParser) -> argparse.ArgumentParser:
-        sp.add_argument("--profile", default="smoke", help="profile name or YAML path")
+        sp.add_argument(
+            "--profile",
+            default=DEFAULT_PROFILE,
+            help=f"profile name or YAML path (default {DEFAULT_PROFILE})",
+        )
         sp.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a profile field")
         sp.add_argument("--url", action="append", metavar="A=URL", help="attach to running servers")
         sp.add_argument("--image", action="append", metavar="A=IMAGE", help="docker image per arm")

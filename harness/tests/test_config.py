@@ -69,7 +69,9 @@ def test_overrides_and_validation():
         load_profile("smoke", ["plan.decode.concurrencies=[1,32]"])
     with pytest.raises(ConfigError, match="no profile"):
         load_profile("nope")
-    assert sorted(p.stem for p in PROFILE_DIR.glob("*.yaml")) == sorted(["smoke", "ga100x6-tp2pp3", *REAL])
+    assert sorted(p.stem for p in PROFILE_DIR.glob("*.yaml")) == sorted(
+        ["smoke", "tiny-v41", "ga100x6-tp2pp3", *REAL]
+    )
 
 
 def test_docker_command_line_is_exact():

@@ -22,6 +22,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -280,8 +281,13 @@ def check_output(root: Path) -> None:
         probe = probe.parent
     if not probe.is_dir():
         raise ConfigError(f"output {root}: {probe} is not a directory")
-    if not os.access(probe, os.W_OK | os.X_OK):
-        raise ConfigError(f"output {root}: {probe} is not writable (pick another with --results DIR)")
+    try:  # a real write (then gone): os.access says yes to root even where the kernel refuses
+        with tempfile.TemporaryFile(dir=probe):
+            pass
+    except OSError as exc:
+        raise ConfigError(
+            f"output {root}: {probe} is not writable ({exc.strerror}); pick another with --results DIR"
+        ) from exc
 
 
 def check_urls(profile: Profile) -> None:
