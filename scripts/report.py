@@ -46,6 +46,8 @@ def num(x: float | int | None, digits: int | None = None) -> str:
     if isinstance(x, int) and digits is None:
         return f"{x:,}"
     if digits is None:
+        if x and abs(x) < 0.01:
+            return f"{x:.2e}"  # a relative error or a tiny share: its exponent is the information
         digits = 1 if abs(x) >= 10 else 2
     return f"{x:,.{digits}f}"
 
@@ -330,7 +332,8 @@ def render_mapping(res: Results, args: dict[str, str]) -> str:
 
 
 def render_records(res: Results, args: dict[str, str]) -> str:
-    """A JSON object of objects (by `path=`) as a table: one row per key, `columns=` inner keys."""
+    """Objects of a JSON object (by `path=`, keys starting with `prefix=`) as a table: a row per key,
+    `columns=` inner keys (– where a record lacks one)."""
     node: object = res.json(_need(args, "file"))
     for key in _need(args, "path").split("."):
         if not isinstance(node, dict) or key not in node:
@@ -339,13 +342,17 @@ def render_records(res: Results, args: dict[str, str]) -> str:
     columns = _list(args, "columns")
     if not isinstance(node, dict) or not columns:
         raise ReportError(f"results/{args['file']}: {args['path']!r}: no object of objects, or no columns=")
+    prefix = args.get("prefix", "")
     out = []
     for name, rec in node.items():
-        missing = [c for c in columns if c not in rec]
-        if missing:
-            raise ReportError(f"results/{args['file']}: {args['path']}.{name} has no {missing}")
-        cells = [num(rec[c]) if isinstance(rec[c], int | float) else str(rec[c]) for c in columns]
-        out.append([str(name), *cells])
+        if not name.startswith(prefix) or not isinstance(rec, dict):
+            continue
+        if not any(c in rec for c in columns):
+            raise ReportError(f"results/{args['file']}: {args['path']}.{name} has none of {columns}")
+        cells = [num(v) if isinstance(v := rec.get(c), int | float) else str(v or "–") for c in columns]
+        out.append([str(name).removeprefix(prefix), *cells])
+    if not out:
+        raise ReportError(f"results/{args['file']}: no {args['path']}.{prefix}* records")
     return table([args.get("key", "case"), *columns], out)
 
 
