@@ -242,3 +242,36 @@ def test_profiles_pass_the_schema():
         data = yaml.safe_load(path.read_text())
         assert data["name"] == path.stem
         load_profile(path.stem)
+
+
+def test_engram_host_memory_shortfall_is_one_line_before_any_engine(monkeypatch, capsys, tmp_path):
+    """Issue 22 item 6 through H3's module (a stand-in here): a shortfall refuses the run, the
+    server's own --engram-config decides what is pinned."""
+    module = types.ModuleType("deepinfer_sm80.integration.engram_memory")
+    seen = {}
+
+    class EngramMemoryError(RuntimeError):
+        pass
+
+    def preflight_engram_memory(config, **kwargs):
+        seen.update(kwargs, layers=config.get("engram_layer_ids"))
+        if kwargs["cpu_offload"]:
+            raise EngramMemoryError(
+                "Engram tables (layers [1, 14]): 1 x 9.0 GiB = 9.0 GiB pinned host memory, 2.0 GiB available"
+            )
+        return types.SimpleNamespace(
+            message="Engram host memory: cpu_offload off: the tables are in GPU memory"
+        )
+
+    module.EngramMemoryError, module.preflight_engram_memory = EngramMemoryError, preflight_engram_memory
+    monkeypatch.setitem(sys.modules, "deepinfer_sm80.integration.engram_memory", module)
+    model = write_checkpoint(tmp_path / "v41", model_type="deepseek_v41")
+    cfg = Path(model) / "config.json"
+    cfg.write_text(cfg.read_text()[:-1] + ', "text_config": {"engram_layer_ids": [1, 14]}}')
+    base = ["bench-ab", "--profile", "smoke", "--model", model, "--results", str(tmp_path / "r"), "--dry-run"]
+    one_line_exit_2(base, capsys, "9.0 GiB pinned host memory, 2.0 GiB available")
+    assert seen["layers"] == [1, 14] and seen["dp_per_node"] == 1  # nested text_config read
+    flags = 'serve_flags=[--enforce-eager, --engram-config, "{\\"cpu_offload\\": false}"]'
+    assert main([*base, "--set", flags]) == 0
+    assert "# Engram host memory: cpu_offload off" in capsys.readouterr().out
+    assert main([*base, "--skip-check", "host-memory"]) == 0

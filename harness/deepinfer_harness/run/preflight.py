@@ -23,7 +23,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -255,23 +254,48 @@ def check_partition_served(profile: Profile, labels: dict[str, dict[str, str]]) 
     return f"{cuts}: needs patch 00's replication on both servers (not checked in {profile.server.mode} mode)"
 
 
-def check_host_memory(profile: Profile, model: str) -> str | None:
-    """Lockable host memory vs the checkpoint's Engram tables (issue 22 item 6), through the
-    integration module when it is installed; the harness itself never needs torch."""
-    if profile.server.mode not in ("local", "level") or not Path(model).is_dir():
+def _flag_value(args: list[str], *names: str) -> str | None:
+    """The value of the last occurrence of a flag (argparse keeps the last)."""
+    found = None
+    for i, arg in enumerate(args):
+        if arg in names and i + 1 < len(args):
+            found = args[i + 1]
+        for name in names:
+            if arg.startswith(name + "="):
+                found = arg.split("=", 1)[1]
+    return found
+
+
+def check_host_memory(profile: Profile, model: str, launch: Launch) -> str | None:
+    """Pinned host memory for the Engram tables (issue 22 item 6) through H3's integration module,
+    imported only when installed (the harness itself never needs torch); the server's own
+    --engram-config and --data-parallel-size decide what is pinned on this host."""
+    if profile.server.mode == "url" or not Path(model).is_dir():
         return None
     try:
-        module = importlib.import_module(ENGRAM_MEMORY)
+        module: Any = importlib.import_module(ENGRAM_MEMORY)
     except ImportError:
-        return None  # overlay not installed with the harness: nothing to check here
-    check: Callable[..., Any] | None = getattr(module, "preflight", None) or getattr(module, "check", None)
-    if check is None:
-        return None
+        return None  # overlay not installed beside the harness: nothing to check here
+    config = read_config(Path(model))
+    flat = {**config, **(config.get("text_config") or {})}  # V4.1 nests the model fields
+    engram = _flag_value(launch.serve_args, "--engram-config")
     try:
-        result = check(Path(model))
-    except (ValueError, RuntimeError, OSError) as exc:
+        engram_cfg = json.loads(engram) if engram else {}
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"--engram-config {engram!r} is not JSON ({exc})") from exc
+    dp = _flag_value(launch.serve_args, "--data-parallel-size", "-dp") or "1"
+    try:
+        result = module.preflight_engram_memory(
+            flat,
+            dp_per_node=int(dp),
+            cpu_offload=bool(engram_cfg.get("cpu_offload", True)),
+            dp_shared_memory=bool(engram_cfg.get("dp_shared_memory", False)),
+        )
+    except module.EngramMemoryError as exc:
         raise ConfigError(f"model {model}: {exc}") from exc
-    return str(result) if result else None
+    except ValueError as exc:
+        raise ConfigError(f"model {model}: engram memory check: {exc}") from exc
+    return result.message
 
 
 def check_output(root: Path) -> None:
@@ -338,7 +362,7 @@ def preflight(
             labels = check_docker(profile)
         if "ports" not in skip:
             check_ports(profile)
-        if "host-memory" not in skip and (note := check_host_memory(profile, model)):
+        if "host-memory" not in skip and (note := check_host_memory(profile, model, launches["A"])):
             notes.append(note)
     if not (mode == "docker" and "docker" in skip) and (note := check_partition_served(profile, labels)):
         notes.append(note)
