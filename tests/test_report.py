@@ -30,11 +30,14 @@ def test_the_documents_have_regions():
 
 @pytest.fixture
 def tree(tmp_path):
-    """A copy of the documents and the results they render from."""
-    for rel in ("README.md", "docs", "docker/README.md", "results/gpu", "results/sm80-compile.json"):
+    """A copy of the documents and the results they render from (a bench-ab run's bulk left out)."""
+    for rel in ("README.md", "docs", "docker/README.md", "results"):
         src, dst = ROOT / rel, tmp_path / rel
         dst.parent.mkdir(parents=True, exist_ok=True)
-        (shutil.copytree if src.is_dir() else shutil.copy)(src, dst)
+        if src.is_dir():
+            shutil.copytree(src, dst, ignore=shutil.ignore_patterns("cells", "logs", "*.prom.gz"))
+        else:
+            shutil.copy(src, dst)
     return tmp_path
 
 
@@ -77,3 +80,27 @@ def test_number_formatting():
     assert report.ratio(109.9, 28.3) == "3.88×" and report.ratio(None, 1.0) == "–"
     assert report.size_label(49152) == "48K" and report.size_label(1 << 20) == "1M"
     assert report.size_label(1536) == "1536"
+
+
+def test_image_smoke_figures_render_from_their_json(tree):
+    (tree / "results" / "image-smoke-cold.json").write_text(json.dumps({
+        "cache": "cold",
+        "stages": [{"name": "docker build stage base", "seconds": 187.4, "steps_run": 5, "steps_cached": 0,
+                    "status": "ok"}],
+        "images": [{"tag": "x:baseline", "id": "sha256:" + "ab" * 32, "size_bytes": 9_893_849_330}],
+    }))  # fmt: skip
+    assert _check(tree).returncode == 1  # docker/README.md's region now differs
+    subprocess.run([sys.executable, str(SCRIPT), "--root", str(tree)], check=True, capture_output=True)
+    text = (tree / "docker" / "README.md").read_text()
+    assert "| image-smoke-cold.json | cold | docker build stage base | 187 | 5 / 0 | ok |" in text
+    assert "9.89 GB" in text and "`sha256:ababababab" in text
+
+
+def test_records_fill_missing_columns_and_refuse_an_empty_selection(tree):
+    res = report.Results(tree)
+    out = report.render_records(res, {"file": "gpu/indexer-h200.json", "path": "results", "prefix": "decode_",
+                                      "columns": "logits_us,upstream_triton_fp8_logits_us"})  # fmt: skip
+    assert "| 1024K_r48 |" in out and out.splitlines()[-1].endswith("| – |")
+    with pytest.raises(report.ReportError, match=r"no results\.nope"):
+        report.render_records(res, {"file": "gpu/indexer-h200.json", "path": "results", "prefix": "nope",
+                                    "columns": "logits_us"})  # fmt: skip
