@@ -7,6 +7,7 @@ Steps, in order (docs/VALIDATE.md); each records pass / fail / skipped with its 
   CPU  1 environment      GPU(s), driver, capability, torch / triton / vLLM / our revision, binding rows
   CPU  2 pipeline-plans   replication plans for 14,14,12, 20,20, 13,14,13, 8,12,20 (and the tiny model's)
   CPU  3 tiny-checkpoint  build the tiny random-weight V4.1 checkpoint (scripts/make_tiny_v41.py)
+  CPU  3b engram-memory   Engram tables vs host memory this node can pin (--engram-config: the real one)
   CPU  4 tiny-loads       vLLM 0.32.0's config parser and weight loader take every tensor (CPU classes)
   GPU  5 gpu-tests        the overlay's kernel tests, natively on this GPU
   GPU  6 replication-gpu  pipeline replication round trip with CUDA tensors (two stage caches)
@@ -170,6 +171,20 @@ def step_tiny(ctx: dict) -> dict:
     return {"manifest": manifest, "tiny_plans": {k: [s["needs"] for s in v] for k, v in splits.items()}}
 
 
+def step_engram_memory(ctx: dict) -> dict:
+    """vLLM's default Engram cpu_offload pins every table in host RAM: check it fits before serving."""
+    from deepinfer_sm80.integration.engram_memory import check_engram_host_memory
+
+    source = ctx.get("engram_config") or ctx["model"] / "config.json"
+    if not Path(source).exists():
+        raise SkipStep(f"no checkpoint config at {source} (pass --engram-config CONFIG_JSON)")
+    result = check_engram_host_memory(source, dp_per_node=ctx.get("dp_per_node", 1))
+    print(f"  {result.message}")
+    if not result.ok:
+        raise AssertionError(result.message)
+    return {"config": str(source), **result.as_dict()}
+
+
 def step_tiny_loads(ctx: dict) -> dict:
     script = ROOT / "scripts" / "make_tiny_v41.py"
     cmd = [sys.executable, str(script), "--out", str(ctx["model"]), "--check", "--json"]
@@ -310,6 +325,7 @@ def steps() -> list[tuple[Step, Callable[[dict], dict]]]:
         (Step("environment", False), step_environment),
         (Step("pipeline-plans", False), step_plans),
         (Step("tiny-checkpoint", False), step_tiny),
+        (Step("engram-memory", False), step_engram_memory),
         (Step("tiny-loads", False), step_tiny_loads),
         (Step("gpu-tests", True), step_gpu_tests),
         (Step("replication-gpu", True), step_replication_gpu),
@@ -328,7 +344,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dry-run", action="store_true", help="print the GPU serving commands, run nothing")
     ap.add_argument("--keep-going", action="store_true", help="run later steps after a failure")
     ap.add_argument("--skip", default="", help="comma-separated step names to skip (e.g. tiny-loads)")
+    ap.add_argument("--engram-config", help="config.json of the checkpoint to serve (Engram host memory)")
+    ap.add_argument("--dp-per-node", type=int, default=1, help="DP replicas per node (Engram tables each)")
     args = ap.parse_args(argv)
+    if args.engram_config and not Path(args.engram_config).exists():
+        print(f"error: --engram-config: {args.engram_config} does not exist", file=sys.stderr)
+        return EXIT_USAGE
+    if args.dp_per_node < 1:
+        print(f"error: --dp-per-node must be >= 1, got {args.dp_per_node}", file=sys.stderr)
+        return EXIT_USAGE
     out, model = (ROOT / args.out).resolve(), (ROOT / args.model).resolve()
     plan = steps()
     skip = {s for s in args.skip.split(",") if s}
@@ -342,7 +366,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name}: {' '.join(f'{k}={v}' for k, v in env.items())} {' '.join(cmd)}")
         return EXIT_OK
     out.mkdir(parents=True, exist_ok=True)
-    ctx = {"out": out, "model": model, "gpus": gpus()}
+    ctx = {"out": out, "model": model, "gpus": gpus(), "dp_per_node": args.dp_per_node,
+           "engram_config": Path(args.engram_config).resolve() if args.engram_config else None}  # fmt: skip
     stopped = ""
     failed = False
     for step, fn in plan:

@@ -55,3 +55,19 @@ def test_dry_run_serving_commands(tmp_path: Path) -> None:
 def test_unknown_step_is_usage_error(tmp_path: Path) -> None:
     p = _run("--skip", "nope", "--out", str(tmp_path))
     assert p.returncode == 2 and "unknown step" in p.stderr
+
+
+def test_engram_tables_that_do_not_fit_fail_before_serving(tmp_path: Path) -> None:
+    """Engram host memory (issue 22 item 6): tables larger than any host fail the CPU step, by name."""
+    cfg = tmp_path / "config.json"
+    huge = {"engram_layer_ids": [1, 14], "engram_num_embeddings": [2**40, 2**40], "engram_head_dim": 1024}
+    cfg.write_text(json.dumps(huge))
+    p = _run(
+        "--out", str(tmp_path), "--model", str(tmp_path / "tiny"), "--engram-config", str(cfg),
+        "--skip", "tiny-checkpoint,tiny-loads",
+    )  # fmt: skip
+    assert p.returncode == 1, p.stdout + p.stderr
+    (evidence,) = tmp_path.glob("validate-*.json")
+    step = next(s for s in json.loads(evidence.read_text())["steps"] if s["name"] == "engram-memory")
+    assert step["status"] == "fail" and "does not fit" in step["reason"]
+    assert _run("--engram-config", str(tmp_path / "absent.json")).returncode == 2

@@ -1,4 +1,4 @@
-"""SM80/SM86 per-SM and per-block limits (docs/MODEL.md), and the occupancy they allow."""
+"""SM80/SM86 (and Ada SM89) per-SM and per-block limits (docs/MODEL.md), and the occupancy they allow."""
 
 from __future__ import annotations
 
@@ -22,7 +22,13 @@ class SmBudget:
 
 SM80 = SmBudget(80, 167_936, 166_912, 65_536, 255, 2048, 32)  # 164 KB/SM, 163 KB opt-in
 SM86 = SmBudget(86, 102_400, 101_376, 65_536, 255, 1536, 16)  # 100 KB/SM, 99 KB opt-in
-BUDGETS = {80: SM80, 86: SM86}
+# Ada (RTX 4090 / 6000 Ada, L40S, L4): sm_86's shared memory and threads, 24 resident CTAs per SM
+SM89 = SmBudget(89, 102_400, 101_376, 65_536, 255, 1536, 24)
+BUDGETS = {80: SM80, 86: SM86}  # the images' TORCH_CUDA_ARCH_LIST (docker/selftest.py checks the match)
+# what `make sm80-report` compiles for: the images' arches plus Ada (issue 22), which the binding table
+# serves too (bindings.NO_FLASHMLA_CAPABILITY) with upstream's hardware-fp8 writers
+REPORT_BUDGETS = {**BUDGETS, 89: SM89}
+HW_FP8_ARCH = 89  # first arch where an e4m3 conversion in the PTX is legal
 
 
 def max_ctas_per_sm(budget: SmBudget, regs: int, smem: int, num_warps: int) -> int:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from deepinfer_sm80.testing.budgets import BUDGETS, max_ctas_per_sm, over_budget
+from deepinfer_sm80.testing.budgets import REPORT_BUDGETS, max_ctas_per_sm, over_budget
 
 if TYPE_CHECKING:
     from deepinfer_sm80.testing.crosscompile import CompileReport
@@ -162,7 +162,7 @@ def compile_tilelang(spec: TileLangSpec, arch: int) -> CompileReport:
     regs, stack, static_smem, local = _resources(_nvcc_cubin(lowered.source, arch, spec.upstream))
     smem = static_smem + lowered.dynamic_smem
     num_warps = max(1, lowered.threads // 32)
-    budget = BUDGETS[arch]
+    budget = REPORT_BUDGETS[arch]
     body = lowered.source.split('extern "C" __global__', 1)[-1]
     uses_hw_fp8 = bool(re.search(r"fp8_e4|e4m3", body))
     problems = over_budget(budget, regs, stack + local, smem, num_warps)

@@ -321,3 +321,88 @@ def test_wo_a_is_dequantized_at_load_instead_of_repacked(sm8x_import) -> None:
     assert calls == [other]  # wo_a skipped the repack, the other layer did not
     assert wo_a.weight.dtype == torch.bfloat16
     assert torch.equal(wo_a.weight, dequant_block_fp8(codes.view(torch.float8_e4m3fn), wo_a.weight_scale_inv))
+
+
+# ----------------------------------------------------------------------------- DSpark draft layers
+def dspark_block_inputs(name: str, sa, heads: int, prefixes: list[int], k: int):
+    """DSpark's non-causal draft block (issue 22 item 5): each request's K query tokens attend the
+    trailing window of the context before the block plus the whole block, future tokens included.
+    Index rows are upstream's own shape and width: [tokens, 1, get_dspark_swa_index_width(window, K)]
+    (v1/attention/backends/mla/sparse_swa.py, 192 for window 128 and K 5), filled as its non-causal
+    kernel fills them (block-anchored start max(prefix - window, 0), end seq_len, -1 after swa_len)."""
+    from vllm.v1.attention.backends.mla.compressor_utils import get_dspark_swa_index_width
+    from vllm.v1.attention.backends.mla.sparse_swa import DeepseekSparseSWAMetadata
+
+    from deepinfer_sm80.testing.inputs import block_table
+
+    gen = generator(name)
+    width = get_dspark_swa_index_width(WINDOW, k)
+    lens = [p + k for p in prefixes]
+    layer = make_layer(sa, heads, 0, 0, max(lens) + 64, gen)  # draft layers are SWA-only (ratio 0)
+    layer.layer_prefix = "model.layers.41.attn"
+    swa_blocks = sum(-(-n // SWA_BS) for n in lens) + 2
+    swa_pool = serving_scales(page_pool(swa_blocks, SWA_BS, gen, valid=True), gen).to(DEV)
+    layer.swa_cache_layer = types.SimpleNamespace(prefix="s", kv_cache=swa_pool)
+    layer.kv_cache = None
+    swa_bt = block_table(lens, swa_blocks, SWA_BS, gen)
+    req = [r for r in range(len(prefixes)) for _ in range(k)]
+    pos = [p + j for p in prefixes for j in range(k)]
+    t = len(pos)
+    dsi = torch.full((t, 1, width), -1, dtype=torch.int32)
+    dsl = torch.zeros(t, dtype=torch.int32)
+    lists = []
+    for i, r in enumerate(req):
+        span = range(max(prefixes[r] - WINDOW, 0), lens[r])
+        slots = [swa_slot(swa_bt, r, p) for p in span]
+        dsi[i, 0, : len(slots)] = torch.tensor(slots, dtype=torch.int32)
+        dsl[i] = len(slots)
+        lists.append(torch.tensor(slots, dtype=torch.long))
+    qsl = torch.arange(0, t + 1, k, dtype=torch.int32)
+    swa = DeepseekSparseSWAMetadata(
+        block_table=swa_bt.to(DEV),
+        slot_mapping=torch.zeros(t, dtype=torch.int64, device=DEV),
+        block_size=SWA_BS,
+        seq_lens=torch.tensor(lens, dtype=torch.int32, device=DEV),
+        query_start_loc=qsl.to(DEV),
+        query_start_loc_cpu=qsl,
+        is_valid_token=torch.ones(t, dtype=torch.bool, device=DEV),
+        token_to_req_indices=torch.tensor(req, dtype=torch.int32, device=DEV),
+        decode_swa_indices=dsi.to(DEV),
+        decode_swa_lens=dsl.to(DEV),
+        decode_swa_width=width,
+        num_decodes=len(prefixes),
+        num_prefills=0,
+        num_decode_tokens=t,
+        num_prefill_tokens=0,
+    )
+    q = torch.randn(t, heads, 512, generator=gen).bfloat16().to(DEV)
+    return layer, q, pos, lists, {"s": swa}, width
+
+
+@pytest.mark.parametrize("heads", [8, 16, pytest.param(64, marks=GPU_OR_TRACE, id="tp1-64heads")])
+def test_dspark_draft_block_noncausal_swa_width(sm8x, monkeypatch, heads: int) -> None:
+    """A width other than the window reaches the SM8x decode: 192 = round_up(128 + 5, 64) indices per
+    token, up to window + K valid, a request shorter than the window among them."""
+    sa = sm8x
+    name = f"sm8x-dspark-block-h{heads}"
+    layer, q, pos, lists, meta, width = dspark_block_inputs(name, sa, heads, [300, 60], 5)
+    assert width == 192 and max(len(x) for x in lists) == WINDOW + 5  # wider than the window
+    monkeypatch.setattr(sa, "get_forward_context", lambda: types.SimpleNamespace(attn_metadata=meta))
+    monkeypatch.setattr(sa, "current_workspace_manager", _Workspace)
+    out = torch.full_like(q, float("nan"))
+    layer.forward_mqa(q, q, torch.tensor(pos, device=DEV), out)
+    if kernel_trace.trace_only():
+        return  # the scan's trace-only pass records the launch; nothing ran
+    want = ref.decode_ref(
+        q.cpu(), layer.swa_cache_layer.kv_cache.cpu(), lists, None, None, layer.attn_sink.cpu(), layer.scale,
+        torch.tensor(pos), layer.rotary_emb.cos_sin_cache.cpu(),
+    )  # fmt: skip
+    vmax = want.float().abs().max().item()
+    assert_close(
+        name,
+        out.cpu(),
+        want,
+        abs=2**-7 * vmax,
+        rel_in_eps=2,
+        why="as the mixed-batch test: P rounded to bf16 before P·V, online softmax over convex V mixes",
+    )
