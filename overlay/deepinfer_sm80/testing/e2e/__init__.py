@@ -13,8 +13,8 @@ Stable API (the harness's `bench-ab` with no MODEL starts `vllm serve` with it; 
 
     serve_args() -> list[str]
         The extra `vllm serve` flags the CPU engine needs for the tiny checkpoint (dtype, KV-cache
-        dtype fp8_ds_mla, eager mode, KV-cache bytes, context length, no image inputs, ...). The
-        caller adds the model path, host, port and its own flags.
+        dtype fp8_ds_mla, eager mode, KV-cache bytes, context length, no image inputs, Engram tables
+        in device memory, ...). The caller adds the model path, host, port and its own flags.
 
     check_checkpoint(path: Path) -> dict
         The checkpoint's config.json, or CheckpointError with one line (no directory, no

@@ -16,6 +16,8 @@ import atexit
 import functools
 import json
 import os
+import threading
+import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -93,6 +95,22 @@ def install() -> None:
     bindings.rebind = rebind  # the patch-00 hook line imports `rebind` when the module runs
     if os.environ.get(ENV_DIR):
         atexit.register(dump)
+        # vLLM's engine core exits on SIGTERM without running atexit: a daemon thread also writes
+        # the counts every DUMP_PERIOD_S while they change (serve.py waits longer before stopping).
+        threading.Thread(target=_dump_loop, name="e2e-coverage-dump", daemon=True).start()
+
+
+DUMP_PERIOD_S = 0.5
+
+
+def _dump_loop() -> None:
+    last: dict[str, int] = {}
+    while True:
+        time.sleep(DUMP_PERIOD_S)
+        now = dict(COUNTS)
+        if now != last:
+            dump()
+            last = now
 
 
 def counts() -> dict[str, int]:
@@ -114,7 +132,9 @@ def dump(directory: str | None = None) -> Path | None:
         return None
     path = Path(target) / f"{os.getpid()}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"counts": dict(COUNTS), "bound": BOUND}, sort_keys=True))
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"counts": dict(COUNTS), "bound": BOUND}, sort_keys=True))
+    tmp.replace(path)  # a reader never sees half a file
     return path
 
 

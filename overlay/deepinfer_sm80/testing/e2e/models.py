@@ -15,8 +15,8 @@ from pathlib import Path
 
 from deepinfer_sm80.testing.e2e import check_checkpoint
 
-# The long-context variant: top-16 of the compressed states, so a 48-token prompt (48 states at ratio 1,
-# 24 at ratio 2) selects in every indexer; layer 5 masked to 64 candidate blocks of 8, the fewest the
+# The long-context variant: top-16 of the compressed states, so a 66-token prompt (66 states at ratio 1,
+# 33 at ratio 2) selects in every indexer; layer 5 masked to 64 candidate blocks of 8, the fewest the
 # streamed top-k takes (`ops/indexer/stream.py:455`: candidate columns a multiple of its 512 span).
 SELECTING = {"index_topk": 16, "candidate_topk_blocks": 64}
 

@@ -39,10 +39,11 @@ from deepinfer_sm80.testing.e2e import (
 from deepinfer_sm80.testing.e2e.models import SELECTING, variant
 from deepinfer_sm80.testing.e2e.tree import ROOT, canonical_level
 
-PREFIX_BLOCK = (
-    32  # KV block size of the main engine: prefix-cache hits land on whole blocks (CPU default 128)
-)
-CHUNK_TOKENS = 32  # max_num_batched_tokens: the 48-token prompt is prefilled in two chunks (32 + 16)
+# KV block size of the main engine: prefix-cache hits land on whole blocks; the CPU default is 128 and
+# the SM8x attention backend takes 64 or 128 (integration/attention.py)
+PREFIX_BLOCK = 64
+LONG_TOKENS = 66  # > one 64-token block, so the next request can hit it; 66/33 compressed states
+CHUNK_TOKENS = 32  # max_num_batched_tokens: the long prompt is prefilled in chunks of 32 + 32 + 2
 LEVELS = ("base", "optimized")
 
 # Rows every forward reaches at both levels (counted per case).
@@ -111,7 +112,7 @@ def plan(kind: str, engram: bool) -> list[Engine]:
     OpenAI server at the optimized level; `full` (the evidence): every engine at both levels + PP."""
     every = EVERY_FORWARD + (["engram_lookup"] if engram else [])
     short = _prompt("short", 12)
-    long = _prompt("long", 48)
+    long = _prompt("long", LONG_TOKENS)
     main_cases = [
         Case(
             "short",
@@ -125,15 +126,17 @@ def plan(kind: str, engram: bool) -> list[Engine]:
             [long],
             2,
             {lv: every + DECODE_ROWS + SELECTING_ROWS[lv] for lv in LEVELS},
-            f"48-token prompt: the indexer selects top-{SELECTING['index_topk']} of 48/24 compressed states; "
-            f"prefilled in chunks of {CHUNK_TOKENS} (a chunk boundary inside the prompt)",
+            f"{LONG_TOKENS}-token prompt: the indexer selects top-{SELECTING['index_topk']} of "
+            f"{LONG_TOKENS}/{LONG_TOKENS // 2} compressed states; prefilled in chunks of {CHUNK_TOKENS} "
+            "(chunk boundaries inside the prompt)",
         ),
         Case(
             "prefix_hit",
             [long + _prompt("tail", 8)],
             2,
             {lv: every + DECODE_ROWS + SELECTING_ROWS[lv] for lv in LEVELS},
-            "the long prompt + 8 new tokens: its first blocks come from the prefix cache (cached tokens > 0)",
+            f"the long prompt + 8 new tokens: its first {PREFIX_BLOCK}-token block comes from the prefix "
+            "cache (cached tokens > 0)",
             expect_cached=True,
         ),
     ]

@@ -137,6 +137,7 @@ def run_served(
     except (RuntimeError, TimeoutError, urllib.error.URLError, OSError, KeyError, ValueError) as err:
         error = f"{type(err).__name__}: {err}"
     finally:
+        time.sleep(4 * coverage.DUMP_PERIOD_S)  # the last counts reach the dump files
         _stop(proc)
     rows, bound = coverage.merge_dir(cov_dir)
     for case in results:

