@@ -108,10 +108,24 @@ DIRECTION_BY_NAME = (
 )
 
 
+def _candidates(results: Path) -> list[Path]:
+    """Every JSON under results/ that git does not ignore (a run in progress in a git-ignored bench-ab
+    folder is not a result yet); every JSON where the tree has no git."""
+    proc = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z", "--", "."],
+        capture_output=True, text=True, cwd=results,
+    )  # fmt: skip
+    if proc.returncode != 0:
+        return sorted(results.rglob("*.json"))
+    return sorted(results / name for name in proc.stdout.split("\0") if name.endswith(".json"))
+
+
 def documents(results: Path = RESULTS) -> list[Path]:
     """The result documents: every JSON, except the parts of a bench-ab run (its summary.json stands)."""
     out = []
-    for path in sorted(results.rglob("*.json")):
+    for path in _candidates(results):
+        if not path.is_file():  # listed by git, deleted in the tree
+            continue
         runs = [p for p in path.parents if (p / "summary.json").exists() and (p / "manifest.json").exists()]
         run = runs[0] if runs else None
         if run is not None and path != run / "summary.json":
@@ -142,10 +156,16 @@ def _commit_date(sha: str) -> str:
         return ""
 
 
+# Other spellings a writer used, mapped to the one vocabulary (">=" a floor, "<=" a ceiling, "==")
+ALIASES = {"min": ">=", "at_least": ">=", "ge": ">=", "max": "<=", "at_most": "<=", "le": "<=", "eq": "=="}
+
+
 def infer_direction(target: dict) -> str:
     """A target's direction from its record: a met target above its goal is a floor, and so on."""
     if target.get("direction") in DIRECTIONS:
         return str(target["direction"])
+    if target.get("direction") in ALIASES:
+        return ALIASES[str(target["direction"])]
     name = str(target.get("name", ""))
     for key, direction in DIRECTION_BY_NAME:
         if key in name:
