@@ -356,6 +356,18 @@ def render_records(res: Results, args: dict[str, str]) -> str:
     return table([args.get("key", "case"), *columns], out)
 
 
+def render_ab_pairs(res: Results, args: dict[str, str]) -> str:
+    """`N–M pairs per cell, fewer than the K a CI needs` from a bench-ab run's ab.json."""
+    doc = res.json(_need(args, "file"))
+    pairs = sorted({int(r["n_pairs"]) for r in doc.get("rows", []) if r.get("n_pairs") is not None})
+    if not pairs:
+        raise ReportError(f"results/{args['file']}: no rows with n_pairs")
+    span = str(pairs[0]) if pairs[0] == pairs[-1] else f"{pairs[0]}–{pairs[-1]}"
+    need = doc.get("min_pairs")
+    below = all(p < need for p in pairs) if isinstance(need, int) else False
+    return f"{span} pairs per cell" + (f", below the {need} a CI needs" if below else "")
+
+
 RENDERERS: dict[str, Callable[[Results, dict[str, str]], str]] = {
     "rows": render_rows,
     "grid": render_grid,
@@ -369,6 +381,7 @@ RENDERERS: dict[str, Callable[[Results, dict[str, str]], str]] = {
     "compile": render_compile,
     "mapping": render_mapping,
     "records": render_records,
+    "ab-pairs": render_ab_pairs,
     "image-smoke": render_image_smoke,
 }
 
