@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import subprocess
@@ -25,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from deepinfer_sm80.testing.bench import at_least, at_most
 from deepinfer_sm80.testing.e2e import (
     DEFAULT_WORK,
     ENGRAM_CONFIG,
@@ -260,15 +262,26 @@ def run_engine(level: str, engine: Engine, model: Path, work: Path, timeout: flo
 
 
 # ----------------------------------------------------------------------------- checks
-def _target(name: str, measured: Any, goal: Any, unit: str, direction: str, met: bool) -> dict[str, Any]:
-    return {
-        "name": name,
-        "measured": measured,
-        "goal": goal,
-        "unit": unit,
-        "direction": direction,
-        "met": bool(met),
-    }
+def _target(
+    name: str, measured: Any, goal: float, unit: str, direction: str, met: bool, cause: str = ""
+) -> dict[str, Any]:
+    """A `testing.bench.Target` as a dict: "min" is a floor (>=), "max" a ceiling (<=); `met` also
+    needs the caller's own condition. Unmeasured (None, inf, NaN) is never met and names its cause."""
+    if measured is None or not math.isfinite(float(measured)):
+        return {
+            "name": name,
+            "measured": None,
+            "goal": goal,
+            "unit": unit,
+            "direction": ">=" if direction == "min" else "<=",
+            "met": False,
+            "cause": cause or "not measured (see this case's detail)",
+        }
+    helper = at_least if direction == "min" else at_most
+    t = helper(name, float(measured), goal, unit, cause or "see this case's detail in the JSON").as_dict()
+    if t["met"] and not met:
+        t["met"], t["cause"] = False, cause or "see this case's detail in the JSON"
+    return t
 
 
 def coverage_targets(level: str, engine: Engine, out: dict[str, Any]) -> list[dict[str, Any]]:
@@ -276,14 +289,32 @@ def coverage_targets(level: str, engine: Engine, out: dict[str, Any]) -> list[di
     load = out.get("load_rows", {})
     for row in LOAD_ROWS:
         n = load.get(row, 0)
-        targets.append(_target(f"{engine.name}/{level}/load/row:{row}", n, 1, "calls", "min", n > 0))
+        targets.append(
+            _target(
+                f"{engine.name}/{level}/load/row:{row}",
+                n,
+                1,
+                "calls",
+                "min",
+                n > 0,
+                "the case never called this row: a bypass or a row not bound",
+            )
+        )
     by_name = {c["name"]: c for c in out.get("cases", [])}
     for case in engine.cases:
         got = by_name.get(case.name, {}).get("rows", {})
         for row in case.rows.get(level, []):
             n = got.get(row, 0)
             targets.append(
-                _target(f"{engine.name}/{level}/{case.name}/row:{row}", n, 1, "calls", "min", n > 0)
+                _target(
+                    f"{engine.name}/{level}/{case.name}/row:{row}",
+                    n,
+                    1,
+                    "calls",
+                    "min",
+                    n > 0,
+                    "the case never called this row: a bypass or a row not bound",
+                )
             )
     return targets
 
@@ -327,12 +358,24 @@ def oracle_targets(level: str, engine: Engine, out: dict[str, Any], oracle: Any)
             tag = f"{engine.name}/{level}/{case['name']}" + (f"#{i}" if len(case["prompts"]) > 1 else "")
             targets.append(
                 _target(
-                    f"{tag}/prompt_nll_abs_diff",
+                    f"{tag}/prompt_nll_mean_abs_diff",
                     result["nll_abs_diff"],
                     result["nll_tol"],
                     "nats/token",
                     "max",
-                    result["nll_ok"],
+                    True,
+                    "the engine's mean prompt NLL differs from the oracle's by more than NLL_MEAN_TOL",
+                )
+            )
+            targets.append(
+                _target(
+                    f"{tag}/prompt_logprob_max_abs_diff",
+                    result["max_token_logprob_abs_diff"],
+                    result["token_tol"],
+                    "nats",
+                    "max",
+                    True,
+                    "a prompt token's logprob differs from the oracle's by more than NLL_TOKEN_TOL",
                 )
             )
             targets.append(
@@ -372,14 +415,16 @@ def engine_targets(
 ) -> list[dict[str, Any]]:
     """Every target of one engine at one level: it ran, its rows, the oracle, its twin engine, the cache."""
     tag = f"{engine.name}/{level}"
-    targets = [_target(f"{tag}/engine_ran", int(out["ok"]), 1, "bool", "min", out["ok"])]
+    targets = [
+        _target(f"{tag}/engine_ran", int(out["ok"]), 1, "bool", "min", out["ok"], out.get("error", ""))
+    ]
     if not out["ok"]:
         return targets
     targets += coverage_targets(level, engine, out)
     if oracle is not None:
         targets += oracle_targets(level, engine, out, oracle)
     else:
-        targets.append(_target(f"{tag}/oracle_available", 0, 1, "bool", "min", False))
+        targets.append(_target(f"{tag}/oracle_available", 0, 1, "bool", "min", False, "no oracle importable"))
     twin = engine.spec_of or engine.same_as
     twin_out = done.get(twin or "", {}).get(level)
     if twin and twin_out and twin_out.get("ok"):
