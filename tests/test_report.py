@@ -1,6 +1,7 @@
 """Every rendered region of README.md, docs/*.md and docker/README.md equals what results/ gives."""
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -104,3 +105,39 @@ def test_records_fill_missing_columns_and_refuse_an_empty_selection(tree):
     with pytest.raises(report.ReportError, match=r"no results\.nope"):
         report.render_records(res, {"file": "gpu/indexer-h200.json", "path": "results", "prefix": "nope",
                                     "columns": "logits_us"})  # fmt: skip
+
+
+# Measured sections whose figures the renderer owns: outside its regions (and code), no measured
+# number — no decimal, no µs / ms / × / % / TB/s / GB figure — may be written by hand.
+MEASURED_SECTIONS = {
+    "README.md": ("## Results on the H200", "## Images"),
+    "docs/SPARSE_MLA.md": ("## Measured", None),
+    "docs/INDEXER.md": ("* H200 (**not our pins**", "## Wiring at the DeepInfer level"),
+    "docs/DSPARK.md": ("## Measured", "Next GPU run"),
+    "docker/README.md": ("## Measured", None),
+}
+HAND_NUMBER = re.compile(
+    r"(?<![\d.])\d+\.\d+(?![\d.])"  # a decimal, not a dotted version (0.32.0)
+    r"|\b\d[\d,.]*\s?(?:µs|ms|×|x\b|%|TB/s|GB/s|GB|MB|MiB|GiB|min\b|s\b)"  # a figure with its unit
+)
+
+
+def hand_numbers(text: str) -> list[str]:
+    text = report.REGION.sub("", text)
+    text = re.sub(r"```.*?```", "", text, flags=re.S)
+    text = re.sub(r"`[^`\n]*`", "", text)
+    return [m.group(0) for m in HAND_NUMBER.finditer(text)]
+
+
+@pytest.mark.parametrize("rel", sorted(MEASURED_SECTIONS))
+def test_measured_sections_hold_no_hand_written_figures(rel):
+    start, end = MEASURED_SECTIONS[rel]
+    text = (ROOT / rel).read_text()
+    section = text[text.index(start) : text.index(end) if end else None]
+    assert not hand_numbers(section), f"{rel}: figures outside report regions: {hand_numbers(section)}"
+
+
+def test_the_hand_number_check_can_fail():
+    assert hand_numbers("took 13.0 µs, 2.2× base <!-- report:x -->1.5 µs<!-- /report:x --> `8.0`") == [
+        "13.0", "2.2"
+    ]  # fmt: skip
