@@ -7,8 +7,10 @@
 #            GPU tests of these ops by name (-v: every outcome in the log); compute-sanitizer memcheck and
 #            racecheck over the variants' tests (edge shapes: empty and zero-valid lists, dense rows
 #            with invalid slots, TP8 heads, SWA only, page crossings, tiles past a row's length)
-#   phase 2: the indexer prefill (streamed top-k, workspace), the DSpark bench (graph target), and the
-#            rest of the ops' GPU tests
+#   phase 2 (after the defaults moved on phase 1's numbers): the sparse-MLA bench again (the shipped
+#            tile choice timed against every tile), the sanitizers and the ops' GPU tests again, the KV /
+#            combiner benches (same-size-copy targets), the whole indexer bench (decode and prefill:
+#            streamed top-k, workspace) and, with what time is left, the DSpark bench (graph target)
 # Usage (on the device, bundle carried): DEEPINFER_GIT_SHA=<sha> scripts/h200_run.sh 1|2 OUT_DIR
 # Each step is time-boxed and logs one outcome line; a failing step never stops the phase.
 set -uo pipefail
@@ -42,12 +44,15 @@ if [ "$PHASE" = 1 ]; then
   step sanitize 200 env SKIP_TESTS=1 SKIP_BENCH=1 SANITIZE=1 SANITIZE_FILES="$OPS_TESTS" SANITIZE_K="variant" \
     bash -c 'bash scripts/gpu_suite.sh .gpu-bundle "$0/sanitize"' "$WORK"
 else
-  step bench_indexer_prefill 240 env SKIP_TESTS=1 DEEPINFER_BENCH_INDEXER_SECTIONS=prefill \
-    bash -c 'bash scripts/gpu_suite.sh .gpu-bundle "$0/bench" indexer' "$WORK"
+  step bench_sparse_mla 130 env SKIP_TESTS=1 bash -c 'bash scripts/gpu_suite.sh .gpu-bundle "$0/bench" sparse_mla' "$WORK"
+  step sanitize 70 env SKIP_TESTS=1 SKIP_BENCH=1 SANITIZE=1 SANITIZE_FILES="$OPS_TESTS" SANITIZE_K="variant" \
+    bash -c 'bash scripts/gpu_suite.sh .gpu-bundle "$0/sanitize"' "$WORK"
+  step tests 130 env SKIP_BENCH=1 TESTS="$OPS_TESTS overlay/tests/ops/test_indexer_topk.py overlay/tests/ops/test_kv_quant_insert.py overlay/tests/ops/test_kv_gather.py overlay/tests/ops/test_topk_swa_combine.py" \
+    bash -c 'bash scripts/gpu_suite.sh .gpu-bundle "$0/tests"' "$WORK"
+  step bench_kv 70 env SKIP_TESTS=1 bash -c 'bash scripts/gpu_suite.sh .gpu-bundle "$0/bench" kv_quant_insert kv_gather topk_swa_combine' "$WORK"
+  step bench_indexer 200 env SKIP_TESTS=1 bash -c 'bash scripts/gpu_suite.sh .gpu-bundle "$0/bench" indexer' "$WORK"
   step bench_dspark 90 env SKIP_TESTS=1 DEEPINFER_BENCH_DSPARK_QUICK=1 \
     bash -c 'bash scripts/gpu_suite.sh .gpu-bundle "$0/bench" dspark_draft' "$WORK"
-  step tests 150 env SKIP_BENCH=1 TESTS="overlay/tests/ops --ignore=overlay/tests/ops/test_mhc.py" \
-    bash -c 'bash scripts/gpu_suite.sh .gpu-bundle "$0/tests"' "$WORK"
 fi
 echo "phase $PHASE done in $((SECONDS - T0)) s"
 tar czf "$OUT_DIR/h200-run-$PHASE.tar.gz" -C "$WORK" .

@@ -39,7 +39,7 @@ PREFILL_CONTEXTS = {"16k": 16_384, "64k": 65_536}
 PREFILL_HEADS = (16, 32)
 RATIO = 4
 SPLIT_SWEEP = (8, 20, 40)  # forced split counts beside the heuristic's
-SWEEP_VARIANTS = ("default", "prefetch-w8", "prefetch-r32-w8")
+SWEEP_VARIANTS = ("r16-w4", "prefetch-r32-w8", "r32-w8")
 SWEEP_AT = ((1, 16, 16_384), (6, 16, 16_384), (24, 16, 16_384))
 TQ_AT_128K = (6, 24, 48)  # the device budget: every Tq at 16K, these at 128K
 # rotation beyond L2: up to MAX_SETS input sets over two pools of POOL_BYTES (a Tq-1 call reads 0.4 MB
@@ -123,10 +123,8 @@ def _decode_shape(up, tq: int, heads: int, ctx: int, ceilings: Ceilings, rows: l
             level="optimized", **knobs,
         )  # fmt: skip
 
-    # the opt-in variants on the same sets, at every shape (the default switches only on these)
+    # every tile on the same sets, at every shape, against the shipped choice (dec.variant_from_env)
     for vname, var in dec.VARIANTS.items():
-        if vname == "default":
-            continue
         out = [torch.empty_like(s.q) for s in sets]
         t = summarize(
             f"decode {name} {vname}",
@@ -141,7 +139,7 @@ def _decode_shape(up, tq: int, heads: int, ctx: int, ceilings: Ceilings, rows: l
         for vname, splits in ((v, sp) for v in SWEEP_VARIANTS for sp in SPLIT_SWEEP):
             out = [torch.empty_like(s.q) for s in sets]
             var = dec.VARIANTS[vname]
-            tag = f"S{splits}" if vname == "default" else f"{vname} S{splits}"
+            tag = f"{vname} S{splits}"
             t = summarize(
                 f"decode {name} {tag}",
                 time_graph(
@@ -243,12 +241,10 @@ def _targets(dt: dict, pt: dict) -> list:
 
 
 def _variants(dt: dict) -> dict[str, object]:
-    """Per opt-in variant: its µs and verdict at every decode shape, the default's µs over its µs there
-    (> 1: the variant is faster), and that speedup's min / max over all shapes and at Tq 6."""
+    """Per tile variant: its µs and verdict at every decode shape, the shipped choice's µs over its µs
+    there (> 1: the variant is faster than what ships), and that speedup's min / max, and at Tq 6."""
     out: dict[str, object] = {}
     for vname, var in dec.VARIANTS.items():
-        if vname == "default":
-            continue
         per_shape = {}
         for key, val in dt.items():
             if key[0] == "variant" and key[1] == vname:
@@ -302,6 +298,7 @@ def main(out_dir: Path, ceilings: Ceilings) -> dict[str, object]:
                 errors.append(f"prefill h{heads} {ctx}: {traceback.format_exc(limit=2)}")
                 print(errors[-1])
     (out_dir / "sparse_mla-partial.json").unlink(missing_ok=True)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
     return {
         "rows": [r.as_dict() for r in rows],
         "targets": _targets(dt, pt) if dt and pt else [],
@@ -309,11 +306,26 @@ def main(out_dir: Path, ceilings: Ceilings) -> dict[str, object]:
         "split_sweep_us": {
             f"tq{k[2]}-h{k[3]}-ctx{k[4] // 1024}k {k[1]}": t.us for k, t in dt.items() if k[0] == "sweep"
         },
-        "default_tile": [dec.BLOCK_N, dec.NUM_WARPS, dec.NUM_STAGES],
+        "default_tile": {
+            "policy": f"{dec.SMALL_TILE} while Tq*head_blocks*{dec.SMALL_WORK_PER_SM} <= SMs, "
+            f"else {dec.LARGE_TILE}",
+            "chosen": {
+                f"tq{tq}-h{h}": next(
+                    n for n, v in dec.VARIANTS.items() if v == dec.variant_from_env(tq * -(-h // 16), sms)
+                )
+                for h in DECODE_HEADS
+                for tq in DECODE_TQ
+            },
+        },
         "variants": _variants(dt),
         "heuristic_splits": {
             f"tq{tq}-h16": dec.num_splits(
-                tq, 1, 640.0, torch.cuda.get_device_properties(0).multi_processor_count
+                tq,
+                1,
+                640.0,
+                sms,
+                dec.variant_from_env(tq, sms).rows,
+                dec.variant_from_env(tq, sms).ctas_per_sm,
             )
             for tq in DECODE_TQ
         },

@@ -195,12 +195,13 @@ def test_split1_direct_equals_reduce_bitwise() -> None:
 # rows with invalid slots, TP8 heads, SWA only, no valid slot, -inf/dominant sinks, a forced split count
 _VARIANT_EDGES = ("mixed-lengths", "dense-with-invalid", "window-only", "zero-valid-topk", "sink-mixed")
 VARIANT_CASES = [c for c in DECODE_CASES if c.name in (*_VARIANT_EDGES, "single-query-tp8")]
-# the prefetch changes only when the loads issue: at equal rows, warps and splits it is bitwise the
-# variant without it; other tiles reorder the online softmax (tolerance)
+# the prefetch changes only when the loads issue: under the interpreter it is bitwise its twin without
+# it; on a GPU the compiler may order the products differently (H200: 1 bf16 ulp in a few elements), so
+# there the twins are held to the reference tolerance. Other tiles reorder the online softmax.
 PREFETCH_TWIN = {"prefetch-w8": "w8", "prefetch-r32-w8": "r32-w8"}
 
 
-@pytest.mark.parametrize("name", [n for n in dec.VARIANTS if n != "default"])
+@pytest.mark.parametrize("name", list(dec.VARIANTS))
 @pytest.mark.parametrize("case", VARIANT_CASES, ids=lambda c: c.name)
 def test_decode_variants(name: str, case: Case) -> None:
     inp = build(case)
@@ -213,14 +214,25 @@ def test_decode_variants(name: str, case: Case) -> None:
         if twin is not None:
             other = poisoned(inp.q)
             call("optimized", case, inp, other, splits=splits, variant=dec.VARIANTS[twin])
-            assert_bitwise_equal(f"{name} vs {twin} {case.name} S={splits}", out.cpu(), other.cpu())
+            label = f"{name} vs {twin} {case.name} S={splits}"
+            if DEV == "cpu":
+                assert_bitwise_equal(label, out.cpu(), other.cpu())
+            else:
+                check(label, out, other.cpu().float())
 
 
 def test_variant_switch(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(dec.VARIANT_ENV, "prefetch-w8")
-    assert dec.variant_from_env() == dec.VARIANTS["prefetch-w8"]
+    assert dec.variant_from_env(1, 108) == dec.VARIANTS["prefetch-w8"]
+    assert dec.variant_from_env(1000, 108) == dec.VARIANTS["prefetch-w8"]  # forced: every shape
     monkeypatch.delenv(dec.VARIANT_ENV)
-    assert dec.variant_from_env() == dec.VARIANTS["default"]
+    # auto: the small tile while Tq·head_blocks <= SMs / 4, the two-CTAs-a-SM tile past it
+    assert dec.variant_from_env(27, 108) == dec.VARIANTS[dec.SMALL_TILE]
+    assert dec.variant_from_env(28, 108) == dec.VARIANTS[dec.LARGE_TILE]
+    assert dec.variant_from_env(21, 84) == dec.VARIANTS[dec.SMALL_TILE]
+    assert dec.variant_from_env(22, 84) == dec.VARIANTS[dec.LARGE_TILE]
+    monkeypatch.setenv(dec.VARIANT_ENV, "auto")
+    assert dec.variant_from_env(33, 132) == dec.VARIANTS[dec.SMALL_TILE]
     monkeypatch.setenv(dec.VARIANT_ENV, "fastest")
     with pytest.raises(ValueError, match="DEEPINFER_SM80_SPARSE_MLA_DECODE='fastest'"):
         dec.variant_from_env()

@@ -40,8 +40,9 @@ REDUCE_BLOCK_H = 1  # a program per (query, head): 16 heads a program left one C
 @dataclass(frozen=True)
 class Variant:
     """One optimized-decode configuration: tile rows, warps, stages, next-tile prefetch, CTAs per SM80 SM
-    (the split heuristic's slots). All variants compute the same per-tile operations in the same order,
-    so their outputs are bitwise equal at equal split counts (tested)."""
+    (the split heuristic's slots). The prefetch moves loads, not arithmetic: under the interpreter a
+    prefetch variant is bitwise its twin without it; on a GPU the compiler may schedule the products
+    differently (within the tolerance, tested). Other tiles reorder the online softmax (tolerance)."""
 
     rows: int
     warps: int
@@ -50,24 +51,34 @@ class Variant:
     ctas_per_sm: int
 
 
-# opt-in variants (DEEPINFER_SM80_SPARSE_MLA_DECODE=<name>), timed beside the default on the H200
-# (docs/SPARSE_MLA.md "Variants"); "default" is the shipped configuration above. The prefetch at 4 warps
-# spills 40-64 B on sm_80/86 (the next tile's bytes on top of 255 registers), so it is not offered.
+# the tiles (DEEPINFER_SM80_SPARSE_MLA_DECODE=<name> forces one everywhere), timed against each other at
+# every decode shape on the H200 (docs/SPARSE_MLA.md "Variants"). The prefetch at 4 warps spills 40-64 B
+# on sm_80/86 (the next tile's bytes on top of 255 registers), so it is not offered.
 VARIANTS = {
-    "default": Variant(BLOCK_N, NUM_WARPS, NUM_STAGES, False, CTAS_PER_SM),
+    "r16-w4": Variant(BLOCK_N, NUM_WARPS, NUM_STAGES, False, CTAS_PER_SM),
     "w8": Variant(BLOCK_N, 8, NUM_STAGES, False, 1),
     "prefetch-w8": Variant(BLOCK_N, 8, 1, True, 1),
     "r32-w8": Variant(32, 8, 1, False, 1),  # 2 stages: 102,912 B smem, over sm_86
     "prefetch-r32-w8": Variant(32, 8, 1, True, 1),
 }
 VARIANT_ENV = "DEEPINFER_SM80_SPARSE_MLA_DECODE"
+# unset (or "auto"): SMALL_TILE while Tq·head_blocks <= SMs / SMALL_WORK_PER_SM, else LARGE_TILE. H200
+# (torch 2.11 / Triton 3.6, 132 SMs): prefetch-r32-w8 is 1.04-1.22x r16-w4 up to 32 (query, head-block)
+# CTAs and 0.92-1.02x from 48, r16-w4's two CTAs per SM then filling more of the GPU
+# (results/gpu/sparse_mla-h200.json, results.variants)
+SMALL_TILE = "prefetch-r32-w8"
+LARGE_TILE = "r16-w4"
+SMALL_WORK_PER_SM = 4
 
 
-def variant_from_env() -> Variant:
-    """The variant DEEPINFER_SM80_SPARSE_MLA_DECODE names (unset: default); an unknown name is an error."""
-    name = os.environ.get(VARIANT_ENV, "default") or "default"
+def variant_from_env(work: int = 0, sms: int = 108) -> Variant:
+    """The variant DEEPINFER_SM80_SPARSE_MLA_DECODE names; unset or "auto": the work-based choice above
+    for `work` = Tq·head_blocks CTAs on `sms` SMs. An unknown name is an error."""
+    name = os.environ.get(VARIANT_ENV, "auto") or "auto"
+    if name == "auto":
+        name = SMALL_TILE if work * SMALL_WORK_PER_SM <= sms else LARGE_TILE
     if name not in VARIANTS:
-        raise ValueError(f"{VARIANT_ENV}={name!r}: expected one of {sorted(VARIANTS)}")
+        raise ValueError(f"{VARIANT_ENV}={name!r}: expected auto or one of {sorted(VARIANTS)}")
     return VARIANTS[name]
 
 
@@ -218,8 +229,8 @@ def decode_into(
     variant: Variant | None = None,
 ) -> None:
     """Launch one level's kernels into `out` [Tq, H, 512] bf16. `splits`, `force_reduce`, the optimized
-    kernel's `tile` (rows, warps, stages) and `variant` (default: DEEPINFER_SM80_SPARSE_MLA_DECODE) are
-    test and bench knobs; `tile` overrides the variant's tile."""
+    kernel's `tile` (rows, warps, stages) and `variant` (default: `variant_from_env`) are test and bench
+    knobs; `tile` overrides the variant's tile."""
     num_queries, num_heads = q.shape[0], q.shape[1]
     if num_queries == 0 or num_heads == 0:
         return
@@ -252,11 +263,11 @@ def decode_into(
         heads_blocks = triton.cdiv(num_heads, block_h)
         s = splits or base_num_splits(num_queries, heads_blocks, main.avg_rows, avg_extra, _sm_count(dev))
     else:
-        var = variant or variant_from_env()
-        if tile is None:
-            tile = (var.rows, var.warps, var.stages)
         block_h = block_h_for(num_heads)
         heads_blocks = triton.cdiv(num_heads, block_h)
+        var = variant or variant_from_env(num_queries * heads_blocks, _sm_count(dev))
+        if tile is None:
+            tile = (var.rows, var.warps, var.stages)
         s = splits or num_splits(
             num_queries, heads_blocks, main.avg_rows + avg_extra, _sm_count(dev), tile[0], var.ctas_per_sm
         )
@@ -556,11 +567,12 @@ COMPILE_SPECS = (
     # the opt-in variants (VARIANTS), direct and split, both segments
     *(
         CompileSpec(
-            f"sparse_mla.decode.opt.{name}.{'direct' if direct else 'split'}",
+            f"sparse_mla.decode.opt.{name}.{'direct' if direct else 'split'}{'' if extra else '.swa_only'}",
             _decode_kernel,
             _OPT_SIG,
             {
                 **_PROD,
+                "HAS_EXTRA": extra,
                 "BLOCK_H": 16,
                 "BLOCK_N": var.rows,
                 "DIRECT": direct,
@@ -573,8 +585,8 @@ COMPILE_SPECS = (
             divisible_by_16=_ALIGNED,
         )
         for name, var in VARIANTS.items()
-        if name != "default"
-        for direct in (True, False)
+        if name != LARGE_TILE  # its specs are the three above
+        for direct, extra in ((True, True), (False, True), *(((True, False),) if name == SMALL_TILE else ()))
     ),
     *(
         CompileSpec(
