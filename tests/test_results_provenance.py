@@ -72,3 +72,20 @@ def test_writer_provenance_has_every_required_field():
     prov = provenance(command="make sm80-report")
     assert not missing_fields(prov) or missing_fields(prov) == ["git_sha"]  # a tree without .git
     assert set(REQUIRED) <= set(prov) and prov["command"] == "make sm80-report"
+
+
+def test_every_target_construction_names_its_direction():
+    """A bench that builds a Target without direction= would fail only on the GPU, at the end of its
+    run; this finds such a call on the CPU (benches, scripts and the overlay's own writers)."""
+    import ast
+
+    missing = []
+    for path in [*(ROOT / "overlay" / "deepinfer_sm80").rglob("*.py"), *(ROOT / "scripts").glob("*.py")]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            name = getattr(node, "func", None)
+            if not isinstance(node, ast.Call) or getattr(name, "id", getattr(name, "attr", "")) != "Target":
+                continue
+            tilelang = node.args and isinstance(node.args[0], ast.Dict)  # TileLang's Target({...})
+            if not tilelang and not any(k.arg == "direction" for k in node.keywords):
+                missing.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert not missing, f"Target(...) without direction=: {missing}"
