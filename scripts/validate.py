@@ -235,8 +235,8 @@ def step_sm80_report(ctx: dict) -> dict:
     code, out = run([sys.executable, "-m", "deepinfer_sm80.testing.sm80_report", "--json", str(path)], 1800)
     rows = [k for k in json.loads(path.read_text())["kernels"] if k["arch"] == arch] if path.exists() else []
     detail = {"arch": arch, "kernels": len(rows), "problems": [k for k in rows if k["problems"]][:10]}
-    if arch not in (80, 86):
-        detail["note"] = f"sm_{arch} is not an SM8x target; the report still compiles for sm_80 and sm_86"
+    if arch not in (80, 86, 89):
+        detail["note"] = f"sm_{arch} is not an SM8x/Ada target; the report still compiles for sm_80/86/89"
     if code != 0:
         raise AssertionError(f"cross-compile report exit {code}: {out.strip().splitlines()[-1]}")
     return detail
