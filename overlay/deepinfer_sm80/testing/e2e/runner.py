@@ -41,11 +41,13 @@ from deepinfer_sm80.testing.e2e import (
 from deepinfer_sm80.testing.e2e.models import SELECTING, variant
 from deepinfer_sm80.testing.e2e.tree import ROOT, canonical_level
 
-# KV block size of the main engine: prefix-cache hits land on whole blocks; the CPU default is 128 and
-# the SM8x attention backend takes 64 or 128 (integration/attention.py)
-PREFIX_BLOCK = 64
-LONG_TOKENS = 66  # > one 64-token block, so the next request can hit it; 66/33 compressed states
-CHUNK_TOKENS = 32  # max_num_batched_tokens: the long prompt is prefilled in chunks of 32 + 32 + 2
+# Prefix-cache hits land on whole KV blocks of 128 tokens: the only size V4.1's indexer cache takes
+# ("No common block size for 64 (DEEPSEEK_V41_INDEXER: [128])"), so the prefix case needs a first
+# request of more than 128 tokens, which only the full plan can afford (interpreted prefill).
+PREFIX_BLOCK = 128
+LONG_TOKENS = {"ci": 48, "full": PREFIX_BLOCK + 2}  # 48/24 or 130/65 compressed states, top-16 of them
+PP_PARTITION = "4,2"  # layers 0-3 | 4-5: 4 reads 3's compressed KV, 5 reads 3's indexer K and candidates
+CHUNK_TOKENS = 32  # max_num_batched_tokens: the long prompt is prefilled in chunks of 32
 LEVELS = ("base", "optimized")
 
 # Rows every forward reaches at both levels (counted per case).
@@ -114,7 +116,9 @@ def plan(kind: str, engram: bool) -> list[Engine]:
     OpenAI server at the optimized level; `full` (the evidence): every engine at both levels + PP."""
     every = EVERY_FORWARD + (["engram_lookup"] if engram else [])
     short = _prompt("short", 12)
-    long = _prompt("long", LONG_TOKENS)
+    full = kind == "full"
+    n_long = LONG_TOKENS[kind]
+    long = _prompt("long", n_long)
     main_cases = [
         Case(
             "short",
@@ -128,10 +132,12 @@ def plan(kind: str, engram: bool) -> list[Engine]:
             [long],
             2,
             {lv: every + DECODE_ROWS + SELECTING_ROWS[lv] for lv in LEVELS},
-            f"{LONG_TOKENS}-token prompt: the indexer selects top-{SELECTING['index_topk']} of "
-            f"{LONG_TOKENS}/{LONG_TOKENS // 2} compressed states; prefilled in chunks of {CHUNK_TOKENS} "
+            f"{n_long}-token prompt: the indexer selects top-{SELECTING['index_topk']} of "
+            f"{n_long}/{n_long // 2} compressed states; prefilled in chunks of {CHUNK_TOKENS} "
             "(chunk boundaries inside the prompt)",
         ),
+    ]
+    prefix_cases = [
         Case(
             "prefix_hit",
             [long + _prompt("tail", 8)],
@@ -142,9 +148,9 @@ def plan(kind: str, engram: bool) -> list[Engine]:
             expect_cached=True,
         ),
     ]
-    full = kind == "full"
+    if full:
+        main_cases += prefix_cases
     main_kwargs = base_engine_kwargs() | {
-        "block_size": PREFIX_BLOCK,
         "enable_chunked_prefill": True,
         "max_num_batched_tokens": CHUNK_TOKENS,
         "enable_prefix_caching": True,
@@ -208,7 +214,7 @@ def plan(kind: str, engram: bool) -> list[Engine]:
                         "pipeline parallel 2 over gloo, cut 4,2 (inside layer 3's KV/indexer sharing group)",
                     )
                 ],
-                env={"VLLM_PP_LAYER_PARTITION": "4,2"},
+                env={"VLLM_PP_LAYER_PARTITION": os.environ.get("DEEPINFER_E2E_PP_PARTITION", PP_PARTITION)},
                 same_as="main",
             )
         )
@@ -488,6 +494,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--engine-timeout", type=float, default=1500.0)
     ap.add_argument("--jobs", type=int, default=2, help="levels run side by side (one core each)")
+    ap.add_argument("--engines", default="", help="only these engines of the plan (comma-separated)")
     args = ap.parse_args(argv)
     try:
         levels = tuple(canonical_level(lv) for lv in args.levels.split(",") if lv)
@@ -508,6 +515,13 @@ def main(argv: list[str] | None = None) -> int:
     text_cfg = check_checkpoint(args.model)
     text_cfg = text_cfg.get("text_config", text_cfg)
     engines = plan(args.plan, bool(text_cfg.get("engram_layer_ids")))
+    if args.engines:
+        wanted = set(args.engines.split(","))
+        unknown = wanted - {e.name for e in engines}
+        if unknown:
+            print(f"e2e-cpu: no engine {sorted(unknown)} in the {args.plan} plan", file=sys.stderr)
+            return 2
+        engines = [e for e in engines if e.name in wanted]
     models = {e.name: variant(args.model, args.work, e.overrides) for e in engines}
 
     def chain(level: str) -> dict[str, dict[str, Any]]:

@@ -326,6 +326,13 @@ def _mhc_model(module: Any) -> None:
     _note("mhc_reference")
 
 
+def _mhc_dspark(module: Any) -> None:
+    """DSpark's final post-map (`models/deepseek_v41/nvidia/dspark.py:28-30,242`, TileLang); its decoder
+    layers are model.py's, whose mHC names `_mhc_model` rebinds."""
+    module.mhc_post_tilelang = mhc_post
+    _note("mhc_reference_dspark")
+
+
 # ----------------------------------------------------------------------------- 5. q-norm/RoPE/KV insert
 def _gptj_rope(x: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor) -> torch.Tensor:
     """GPT-J (interleaved pairs) rotation of the last rot_dim lanes of x [T, H, D], fp32 math, x's dtype."""
@@ -758,6 +765,7 @@ def install() -> None:
     _after_import("vllm.model_executor.kernels.linear")(_mxfp8_kernels)
     _after_import("vllm.model_executor.layers.linear")(_unquantized_linear)
     _after_import("vllm.models.deepseek_v41.nvidia.model")(_mhc_model)
+    _after_import("vllm.models.deepseek_v41.nvidia.dspark")(_mhc_dspark)
     _after_import("vllm.v1.worker.cpu_worker")(_cpu_worker)
     _after_import("vllm.model_executor.layers.fused_moe.router.cpu_router")(_cpu_router)
     _after_import("vllm.model_executor.layers.sparse_attn_indexer")(_indexer_dispatch)
