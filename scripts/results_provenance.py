@@ -33,11 +33,8 @@ FINAL_CMD = "bash scripts/h200_final.sh (phase 1: SKIP_TESTS=1 bash scripts/gpu_
 
 # Per file (relative to results/): provenance fields that were missing or wrong, with their source.
 FACTS: dict[str, dict[str, object]] = {
-    "gpu/sparse_mla-h200.json": {
-        "git_sha": "41a34be",
-        "git_sha_source": "commit 655190c ('run 2 at 41a34be') and results/gpu/sparse_mla-bench-41a34be.log",
-        "command": BENCH_CMD.format(bench="sparse_mla"),
-    },
+    # gpu/{sparse_mla,indexer,dspark_draft,kv_gather,kv_quant_insert,topk_swa_combine}-h200.json: rewritten
+    # by the issue-25 run at 188dc01 with full provenance (git history keeps the earlier runs)
     "gpu/sparse_mla-run1/sparse_mla-h200-run1-f197f82.json": {
         "git_sha": "f197f82",
         "git_sha_source": "commit 655190c ('run 1 at f197f82') and this file's name",
@@ -48,15 +45,10 @@ FACTS: dict[str, dict[str, object]] = {
         "git_sha_source": "this file's name and commit d3a8f72, which added it 75 s after 5b22231",
         "command": "python3 -m deepinfer_sm80.integration.pp.gpu_roundtrip --out $OUT",
     },
-    "gpu/indexer-h200.json": {"command": BENCH_CMD.format(bench="indexer")},
     "gpu/indexer-h200-run1.json": {"command": BENCH_CMD.format(bench="indexer")},
     "gpu/dspark_draft-run-422266e/dspark_draft-h200-422266e.json": {
         "command": BENCH_CMD.format(bench="dspark_draft")
     },
-    "gpu/dspark_draft-h200.json": {"command": FINAL_CMD},
-    "gpu/kv_gather-h200.json": {"command": FINAL_CMD},
-    "gpu/kv_quant_insert-h200.json": {"command": FINAL_CMD},
-    "gpu/topk_swa_combine-h200.json": {"command": FINAL_CMD},
     "gpu/entry_point_ab/entry_point_ab-h200-84bf975.json": {
         "git_sha": "84bf975",
         "git_sha_source": "this file's name and commit cfd170b ('H200 integrated run at 84bf975')",
