@@ -37,11 +37,13 @@ FACTS: dict[str, dict[str, object]] = {
     # by the issue-25 run at 188dc01 with full provenance (git history keeps the earlier runs)
     "gpu/sparse_mla-run1/sparse_mla-h200-run1-f197f82.json": {
         "git_sha": "f197f82",
+        "stale_sha": "f44e9b7",
         "git_sha_source": "commit 655190c ('run 1 at f197f82') and this file's name",
         "command": BENCH_CMD.format(bench="sparse_mla"),
     },
     "gpu/pp_roundtrip-h200-5b22231.json": {
         "git_sha": "5b22231",
+        "stale_sha": "f44e9b7",
         "git_sha_source": "this file's name and commit d3a8f72, which added it 75 s after 5b22231",
         "command": "python3 -m deepinfer_sm80.integration.pp.gpu_roundtrip --out $OUT",
     },
@@ -176,9 +178,23 @@ def _versions(prov: dict, doc: dict) -> dict:
     return flat
 
 
+def facts_for(rel: str, prov: dict, doc: dict) -> dict[str, object]:
+    """FACTS of `rel`, only while the file is still the run they describe: its recorded sha is
+    missing, the stale one FACTS names, or already the corrected one. A re-run of that file (a new
+    sha from the current writers) keeps its own provenance."""
+    facts = FACTS.get(rel, {})
+    if "git_sha" not in facts:
+        return facts
+    sha = str(prov.get("git_sha") or doc.get("git_sha") or "")
+    stale = str(facts.get("stale_sha", "")) or None
+    if not sha or sha.startswith(str(facts["git_sha"])) or (stale and sha.startswith(stale)):
+        return {k: v for k, v in facts.items() if k != "stale_sha"}
+    return {}
+
+
 def normalize(rel: str, doc: dict) -> dict:
-    facts = FACTS.get(rel.replace("\\", "/"), {})
     prov = dict(doc.get("provenance") or {})
+    facts = facts_for(rel.replace("\\", "/"), prov, doc)
     if rel.endswith("bench-ab/smoke/summary.json") or (doc.get("provenance") and "harness_version" in prov):
         manifest_path = RESULTS / Path(rel).parent / "manifest.json"
         manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}

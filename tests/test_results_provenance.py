@@ -89,3 +89,12 @@ def test_every_target_construction_names_its_direction():
             if not tilelang and not any(k.arg == "direction" for k in node.keywords):
                 missing.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert not missing, f"Target(...) without direction=: {missing}"
+
+
+def test_rederived_facts_never_overwrite_a_rerun():
+    old = {"provenance": {"git_sha": "f44e9b7d95454c241d0c5b85c3c242d2f2f38383"}}
+    rel = "gpu/pp_roundtrip-h200-5b22231.json"
+    assert results_provenance.facts_for(rel, old["provenance"], old)["git_sha"] == "5b22231"  # the stale sha
+    rerun = {"git_sha": "c32d4802c6de218bd0e6c9752c9e0466fd459609", "date": "2026-12-02T00:51:02+00:00"}
+    assert results_provenance.facts_for("sm80-reachability.json", rerun, {"provenance": rerun}) == {}
+    assert results_provenance.facts_for("sm80-reachability.json", {}, {})["git_sha"] == "590332f"  # no sha
