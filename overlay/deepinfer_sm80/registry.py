@@ -29,6 +29,9 @@ class CompileSpec:
     # arguments a production launch passes 16-divisible (pointers, strides): the JIT specialises
     # on that at run time, so the cross-compile must too to see the same vector widths
     divisible_by_16: tuple[str, ...] = ()
+    # the arches this spec is compiled for (None: every arch of the report); upstream's hardware-fp8
+    # writers that Ada keeps are compiled for sm_89 only (they fail below it by design)
+    archs: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         missing = (set(self.constexprs) | set(self.divisible_by_16)) - set(self.signature)

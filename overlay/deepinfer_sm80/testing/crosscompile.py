@@ -73,7 +73,7 @@ def compile_for(spec: CompileSpec, arch: int) -> CompileReport:
     regs, stack, static_smem, local = read_resources(compiled.asm["cubin"])
     smem = static_smem + int(compiled.metadata.shared)
     budget = REPORT_BUDGETS[arch]
-    uses_hw_fp8 = bool(re.search(r"cvt\.[a-z.]*e4m3", compiled.asm["ptx"]))
+    uses_hw_fp8 = bool(re.search(r"cvt\.[a-z0-9.]*e4m3", compiled.asm["ptx"]))  # f32->e4m3 and e4m3x2->f16x2
     problems = over_budget(budget, regs, stack + local, smem, spec.num_warps)
     if uses_hw_fp8 and arch < HW_FP8_ARCH:  # legal from sm_89 (upstream's writers there use it)
         problems.append("hardware e4m3 conversion in PTX (needs sm_89)")

@@ -38,7 +38,7 @@ def build_reports() -> tuple[list[CompileReport], str | None, str | None]:
 
     archs = tuple(REPORT_BUDGETS)
     upstream, upstream_skipped = upstream_triton_specs()
-    reports = [compile_for(spec, arch) for spec in [*all_specs(), *upstream] for arch in archs]
+    reports = [compile_for(spec, arch) for spec in [*all_specs(), *upstream] for arch in spec.archs or archs]
     skipped = tilelang_missing_reason()
     if skipped is None:
         reports += [compile_tilelang(spec, arch) for spec in tilelang_specs() for arch in archs]

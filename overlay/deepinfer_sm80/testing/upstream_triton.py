@@ -252,4 +252,121 @@ def upstream_specs() -> list[CompileSpec]:
             ),
         )
     )
-    return specs
+    return specs + ada_writer_specs()
+
+
+CACHE_UTILS = "vllm.models.deepseek_v41.common.ops.cache_utils"
+COMPRESS = "vllm.models.deepseek_v41.common.ops.fused_compress_quant_cache"
+INDEXER_K = "vllm.models.deepseek_v41.common.ops.indexer_k_store"
+
+
+def ada_writer_specs() -> list[CompileSpec]:
+    """Upstream's hardware-fp8 Triton kernels that the table keeps on Ada (8.9), compiled for sm_89 only
+    (below it Triton refuses fp8e4nv, which is why the rows replace them there). Launch sites:
+    cache_utils.py:748 (the KV gather; ratio-2 pages of 64 states, 37,440 B), fused_compress_quant_cache
+    .py:263 (the 584 B compressed-KV writer), indexer_k_store.py:95 (132 B indexer-K records, 64 per
+    8,640 B page)."""
+    out = []
+    fn = _fn(CACHE_UTILS, "_dequantize_and_gather_k_kernel")
+    consts: dict[str, Any] = {
+        "max_blocks_per_seq": 1024,
+        "fp8_dim": 448,
+        "bf16_dim": 64,
+        "scale_dim": 8,
+        "quant_block": 64,
+        "cache_block_size": 64,
+        "token_data_size": 576,
+        "block_stride": 37440,
+        "output_dim": 512,
+        "fp8_max": 448.0,
+        "n_quant_blocks": 7,
+        "use_fnuz": False,
+    }
+    sig = {
+        "out_ptr": "*bf16",
+        "out_stride0": "i32",
+        "out_stride1": "i32",
+        "k_cache_ptr": "*u8",
+        "seq_lens_ptr": "*i32",
+        "block_table_ptr": "*i32",
+        "offset": "i32",
+        "gather_lens_ptr": "*i32",
+        **dict.fromkeys(consts, "constexpr"),
+    }
+    out.append(
+        CompileSpec(
+            "upstream.ada.kv_gather",
+            fn,
+            _ordered(fn, sig),
+            consts,
+            num_warps=4,
+            divisible_by_16=("out_ptr", "k_cache_ptr"),
+            archs=(89,),
+        )
+    )
+    fn = _fn(COMPRESS, "_rope_quant_insert_kernel")
+    consts = {
+        "COS_STRIDE": 64,
+        "CACHE_STRIDE": 37440,
+        "CACHE_BLOCK": 64,
+        "COMPRESS_RATIO": 2,
+        "SANITIZE_CACHE_NANS": False,
+    }
+    sig = {
+        "latent": "*bf16",
+        "positions": "*i64",
+        "cos_sin": "*fp32",
+        "cache": "*u8",
+        "cache_slots": "*i64",
+        **dict.fromkeys(consts, "constexpr"),
+    }
+    out.append(
+        CompileSpec(
+            "upstream.ada.compress_insert",
+            fn,
+            _ordered(fn, sig),
+            consts,
+            num_warps=4,
+            divisible_by_16=("latent", "cache"),
+            archs=(89,),
+        )
+    )
+    fn = _fn(INDEXER_K, "_indexer_k_norm_rope_quant_store_kernel")
+    consts = {
+        "HEAD_SIZE": 128,
+        "ROPE_HEAD_DIM": 64,
+        "COMPRESS_RATIO": 1,
+        "TOKEN_STRIDE": 128,
+        "SCALE_DIM": 4,
+        "KV_BLOCK_STRIDE": 8640,
+        "FP8_MAX": 448.0,
+        "USE_FP4": False,
+        "SHUFFLE": False,
+        "BLOCK_TILE_SIZE": 16,
+        "HEAD_TILE_SIZE": 16,
+    }
+    sig = {
+        "k_pre_ptr": "*bf16",
+        "k_pre_stride": "i32",
+        "positions_ptr": "*i64",
+        "rms_norm_weight_ptr": "*bf16",
+        "rms_norm_eps": "fp32",
+        "cos_sin_cache_ptr": "*fp32",
+        "cos_sin_stride": "i32",
+        "k_cache_ptr": "*u8",
+        "kv_slot_mapping_ptr": "*i64",
+        "kv_cache_block_size": "i32",
+        **dict.fromkeys(consts, "constexpr"),
+    }
+    out.append(
+        CompileSpec(
+            "upstream.ada.indexer_k_store",
+            fn,
+            _ordered(fn, sig),
+            consts,
+            num_warps=1,
+            divisible_by_16=("k_pre_ptr", "k_cache_ptr"),
+            archs=(89,),
+        )
+    )
+    return out

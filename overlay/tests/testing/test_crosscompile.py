@@ -39,11 +39,18 @@ def test_every_registered_kernel_fits_sm80_and_sm86(report):
         "upstream.engram_post_wkv.mask",
         "upstream.engram_gather_lookback",
     } <= names
-    for name in names:
-        assert {k["arch"] for k in kernels if k["name"] == name} == set(REPORT_BUDGETS) == {80, 86, 89}, name
+    assert set(REPORT_BUDGETS) == {80, 86, 89}
+    for name in names:  # upstream's hardware-fp8 writers that Ada keeps: sm_89 only
+        want = {89} if name.startswith("upstream.ada.") else set(REPORT_BUDGETS)
+        assert {k["arch"] for k in kernels if k["name"] == name} == want, name
+    assert {"upstream.ada.kv_gather", "upstream.ada.compress_insert", "upstream.ada.indexer_k_store"} <= names
     bad = [(k["name"], k["arch"], k["problems"]) for k in kernels if k["problems"]]
     assert not bad, bad
-    assert all(k["spill_bytes"] == 0 and k["regs"] > 0 and not k["uses_hw_fp8"] for k in kernels)
+    assert all(k["spill_bytes"] == 0 and k["regs"] > 0 for k in kernels)
+    assert not [k["name"] for k in kernels if k["uses_hw_fp8"] and k["arch"] < 89]
+    assert all(
+        k["uses_hw_fp8"] for k in kernels if k["name"].startswith("upstream.ada.")
+    )  # the detector sees it
     assert proc.returncode == 0, proc.stdout
 
 
