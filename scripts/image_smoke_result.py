@@ -8,8 +8,8 @@ or cached (cold: the base image was made in this run and no build step came from
 provenance, as every results JSON (tests/test_results_provenance.py). docker/README.md renders its
 figures from this file (`make report`).
 
-Usage: python scripts/image_smoke_result.py --log LOG --images TAG,TAG --phases NAME=S,... --base-made 0|1
-       --docker DOCKER --out results/image-smoke-<cold|cached>.json (the name's state is filled in)
+Usage: python scripts/image_smoke_result.py --log LOG --images TAG,TAG --phases NAME=S[:STATUS],...
+       --base-made 0|1 --docker DOCKER --out results/image-smoke-<cache>.json (<cache>: cold or cached)
 """
 
 from __future__ import annotations
@@ -92,8 +92,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     phases = []
     for item in args.phases.split(","):
-        name, _, seconds = item.partition("=")
-        phases.append({"name": name, "seconds": float(seconds), "status": "ok"})
+        name, _, value = item.partition("=")
+        seconds, _, status = value.partition(":")
+        phases.append({"name": name, "seconds": float(seconds), "status": status or "ok"})
     cached = sum(int(s["steps_cached"]) for s in stages)  # type: ignore[call-overload]
     cache = "cold" if args.base_made == "1" and cached == 0 else "cached"
     # the build context's revision (git HEAD, "-dirty" when the built paths differed from it)
