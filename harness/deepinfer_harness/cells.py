@@ -6,8 +6,9 @@
     nll-i{L}                   prompt-logprob NLL on reference documents of L tokens
     greedy-i{L}-o{O}-c{C}      greedy token-match check between arms
 
-Sizes are integers; a `k` suffix means ×1024 (`i64k` = 65536), and `format_size` writes the
-suffix only when it is exact, so `parse_cell(format_cell(c)) == c` for every cell.
+Any id may end in `-w{workload}` (`decode-i3k-o512-c8-wcode`): the prompt text (workloads.py);
+without it the workload is `prose`. Sizes are integers; a `k` suffix means ×1024 (`i64k` = 65536),
+and `format_size` writes the suffix only when it is exact, so `parse_cell(format_cell(c)) == c`.
 """
 
 from __future__ import annotations
@@ -16,7 +17,10 @@ import re
 from dataclasses import dataclass
 
 KINDS = ("prefill-cold", "ttft", "decode", "nll", "greedy")
+DEFAULT_WORKLOAD = "prose"
+WORKLOADS = ("prose", "code", "sharegpt", "page")  # workloads.py builds each one's text
 _SIZE = r"(\d+k?)"
+_WORKLOAD = re.compile(r"^(.*)-w([a-z][a-z0-9]*)$")
 _PATTERNS = {
     "prefill-cold": re.compile(rf"^prefill-cold-i{_SIZE}(?:-c(\d+))?$"),
     "ttft": re.compile(rf"^ttft-i{_SIZE}-c(\d+)$"),
@@ -43,6 +47,7 @@ class Cell:
     isl: int
     osl: int = 1
     concurrency: int = 1
+    workload: str = DEFAULT_WORKLOAD
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -63,16 +68,22 @@ def format_cell(cell: Cell) -> str:
     i, o, c = format_size(cell.isl), format_size(cell.osl), cell.concurrency
     match cell.kind:
         case "prefill-cold":
-            return f"prefill-cold-i{i}" + (f"-c{c}" if c != 1 else "")
+            base = f"prefill-cold-i{i}" + (f"-c{c}" if c != 1 else "")
         case "ttft":
-            return f"ttft-i{i}-c{c}"
+            base = f"ttft-i{i}-c{c}"
         case "decode" | "greedy":
-            return f"{cell.kind}-i{i}-o{o}-c{c}"
+            base = f"{cell.kind}-i{i}-o{o}-c{c}"
         case _:
-            return f"nll-i{i}"
+            base = f"nll-i{i}"
+    return base if cell.workload == DEFAULT_WORKLOAD else f"{base}-w{cell.workload}"
 
 
 def parse_cell(cell_id: str) -> Cell:
+    workload = DEFAULT_WORKLOAD
+    if m := _WORKLOAD.match(cell_id):
+        cell_id, workload = m.group(1), m.group(2)
+        if workload == DEFAULT_WORKLOAD:
+            raise ValueError(f"non-canonical cell id {cell_id}-w{workload!r}; write {cell_id!r}")
     for kind, pattern in _PATTERNS.items():
         m = pattern.match(cell_id)
         if not m:
@@ -80,12 +91,13 @@ def parse_cell(cell_id: str) -> Cell:
         groups = m.groups()
         isl = parse_size(groups[0])
         if kind in ("decode", "greedy"):
-            cell = Cell(kind, isl, parse_size(groups[1]), int(groups[2]))
+            cell = Cell(kind, isl, parse_size(groups[1]), int(groups[2]), workload)
         elif kind == "nll":
-            cell = Cell(kind, isl)
+            cell = Cell(kind, isl, workload=workload)
         else:
-            cell = Cell(kind, isl, 1, int(groups[1]) if groups[1] else 1)
-        if format_cell(cell) != cell_id:
-            raise ValueError(f"non-canonical cell id {cell_id!r}; write {format_cell(cell)!r}")
+            cell = Cell(kind, isl, 1, int(groups[1]) if groups[1] else 1, workload)
+        want = format_cell(Cell(cell.kind, cell.isl, cell.osl, cell.concurrency))
+        if want != cell_id:
+            raise ValueError(f"non-canonical cell id {cell_id!r}; write {want!r}")
         return cell
     raise ValueError(f"cannot parse cell id {cell_id!r}; grammar: see deepinfer_harness.cells")

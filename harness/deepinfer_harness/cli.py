@@ -59,6 +59,14 @@ BUILT_MODELS = {
     "tiny": (TINY_MODEL_DIR, TINY_NOTE, "built by the harness"),
     "tiny-v41": (TINY_V41_DIR, TINY_V41_NOTE, "run make tiny-model"),
 }
+SHAREGPT_OVERRIDES = [
+    "plan.prefill.workload=sharegpt",
+    "plan.ttft_workload=sharegpt",
+    "plan.nll_workload=sharegpt",
+    "plan.greedy.workload=sharegpt",
+    "plan.decode.workloads=[sharegpt]",
+    "plan.long_decode.workloads=[sharegpt]",
+]
 EXIT_OK, EXIT_INPUT, EXIT_STRICT, EXIT_INCOMPLETE, EXIT_INTERRUPTED = 0, 2, 3, 4, 130
 
 
@@ -80,6 +88,9 @@ def load_with_flags(args: argparse.Namespace) -> Profile:
         overrides += ["server.mode=url", f"server.urls={json.dumps(urls)}"]
     if images:
         overrides += ["server.mode=docker"] + [f"server.images.{k}={v}" for k, v in images.items()]
+    corpus = getattr(args, "corpus", None)
+    if corpus:  # every prompt from the user's ShareGPT file (cell ids gain -wsharegpt)
+        overrides += [f"corpus_file={json.dumps(str(corpus))}", *SHAREGPT_OVERRIDES]
     return load_profile(args.profile, overrides)
 
 
@@ -314,6 +325,9 @@ def parser() -> argparse.ArgumentParser:
         sp.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a profile field")
         sp.add_argument("--url", action="append", metavar="A=URL", help="attach to running servers")
         sp.add_argument("--image", action="append", metavar="A=IMAGE", help="docker image per arm")
+        sp.add_argument(
+            "--corpus", metavar="FILE", help="ShareGPT JSON/JSONL: every prompt from its human turns"
+        )
         return sp
 
     b = with_profile(sub.add_parser("bench-ab", help="run, report and chart an A/B (or A/A)"))

@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from deepinfer_harness.cells import DEFAULT_WORKLOAD, WORKLOADS
 from deepinfer_harness.topology import (
     V41_KV_SHARING_GROUPS,
     illegal_boundaries,
@@ -37,6 +38,10 @@ def _require(ok: bool, name: str, value: Any, rule: str) -> None:
     """One line naming the field, the value and what is allowed (the schema's range rules)."""
     if not ok:
         raise ConfigError(f"{name} = {value!r}: {rule}")
+
+
+def _workload(name: str, value: str) -> None:
+    _require(value in WORKLOADS, name, value, f"allowed workloads {list(WORKLOADS)}")
 
 
 def _each_positive(name: str, values: list[int]) -> None:
@@ -161,8 +166,10 @@ class PrefillPlan:
     n_long: int = 3  # ISL >= long_isl
     long_isl: int = 160_000
     concurrent: list[dict[str, int]] = field(default_factory=list)  # [{isl, c, n}]
+    workload: str = DEFAULT_WORKLOAD  # prompt text of the prefill cells (workloads.py)
 
     def __post_init__(self) -> None:
+        _workload("plan.prefill.workload", self.workload)
         _each_positive("plan.prefill.isls", self.isls)
         for name in ("n", "n_long", "long_isl"):
             _require(getattr(self, name) >= 1, f"plan.prefill.{name}", getattr(self, name), "must be >= 1")
@@ -177,8 +184,12 @@ class DecodePlan:
     warmup_s: float = 30.0
     window_s: float = 120.0
     min_steps: int = 2000
+    workloads: list[str] = field(default_factory=lambda: [DEFAULT_WORKLOAD])  # one decode cell per C each
 
     def __post_init__(self) -> None:
+        for w in self.workloads:
+            _workload("plan.decode.workloads", w)
+        _require(bool(self.workloads), "plan.decode.workloads", self.workloads, "needs at least one workload")
         _require(self.isl >= 1, "plan.decode.isl", self.isl, "must be >= 1")
         _require(self.osl >= 2, "plan.decode.osl", self.osl, "must be >= 2 (TPOT needs two tokens)")
         _each_positive("plan.decode.concurrencies", self.concurrencies)
@@ -193,8 +204,10 @@ class GreedyPlan:
     osl: int = 256
     concurrencies: list[int] = field(default_factory=list)
     n: int = 8
+    workload: str = DEFAULT_WORKLOAD
 
     def __post_init__(self) -> None:
+        _workload("plan.greedy.workload", self.workload)
         for name in ("isl", "osl", "n"):
             _require(getattr(self, name) >= 1, f"plan.greedy.{name}", getattr(self, name), "must be >= 1")
         _each_positive("plan.greedy.concurrencies", self.concurrencies)
@@ -205,12 +218,18 @@ class Plan:
     prefill: PrefillPlan = field(default_factory=PrefillPlan)
     ttft_isls: list[int] = field(default_factory=list)
     ttft_n: int = 30
+    ttft_workload: str = DEFAULT_WORKLOAD
     decode: DecodePlan = field(default_factory=DecodePlan)
+    # long generation (the seed's third workload): decode cells with a long output, same rules
+    long_decode: DecodePlan = field(default_factory=DecodePlan)
     nll: list[dict[str, int]] = field(default_factory=list)  # [{isl, docs}]
+    nll_workload: str = DEFAULT_WORKLOAD
     greedy: GreedyPlan = field(default_factory=GreedyPlan)
     order_seed: int = 20261129
 
     def __post_init__(self) -> None:
+        _workload("plan.ttft_workload", self.ttft_workload)
+        _workload("plan.nll_workload", self.nll_workload)
         _each_positive("plan.ttft_isls", self.ttft_isls)
         _require(self.ttft_n >= 1, "plan.ttft_n", self.ttft_n, "must be >= 1")
         _specs("plan.nll", self.nll, ("isl", "docs"), ())
@@ -290,6 +309,7 @@ class Profile:
     ab: AB = field(default_factory=AB)
     validity: Validity = field(default_factory=Validity)
     read_timeout_s: float = 3600.0
+    corpus_file: str | None = None  # ShareGPT JSON/JSONL for workload sharegpt (--corpus FILE)
 
     def __post_init__(self) -> None:
         _require(self.max_model_len >= 1, "max_model_len", self.max_model_len, "must be >= 1")
@@ -309,6 +329,8 @@ class Profile:
         needs = [x + 1 for x in needs]
         if p.decode.concurrencies:
             needs.append(p.decode.isl + p.decode.osl)
+        if p.long_decode.concurrencies:
+            needs.append(p.long_decode.isl + p.long_decode.osl)
         if p.greedy.concurrencies:
             needs.append(p.greedy.isl + p.greedy.osl)
         if needs and max(needs) > self.max_model_len:
@@ -316,17 +338,22 @@ class Profile:
                 f"max_model_len {self.max_model_len} < largest ISL+OSL {max(needs)}: "
                 "vLLM would silently clamp max_tokens"
             )
+        used = {p.prefill.workload, p.ttft_workload, p.nll_workload, p.greedy.workload}
+        used |= set(p.decode.workloads) | set(p.long_decode.workloads)
+        if "sharegpt" in used and not self.corpus_file:
+            raise ConfigError("workload sharegpt needs a corpus file: --corpus FILE (ShareGPT JSON or JSONL)")
         if self.speculative and self.speculative.get("num_speculative_tokens_per_batch_size"):
             raise ConfigError("leave num_speculative_tokens_per_batch_size unset (it changes tokens/step)")
         flags = self.serve_flags
-        if "--max-num-seqs" in flags and p.decode.concurrencies:
+        decode_c = [*p.decode.concurrencies, *p.long_decode.concurrencies]
+        if "--max-num-seqs" in flags and decode_c:
             at = flags.index("--max-num-seqs") + 1
             raw = flags[at] if at < len(flags) else None
             _require(str(raw).isdigit(), "serve_flags --max-num-seqs", raw, "needs an integer value")
             max_seqs = int(str(raw))
-            if max(p.decode.concurrencies) > max_seqs:
+            if max(decode_c) > max_seqs:
                 raise ConfigError(
-                    f"decode C={max(p.decode.concurrencies)} > --max-num-seqs {max_seqs}: "
+                    f"decode C={max(decode_c)} > --max-num-seqs {max_seqs}: "
                     "requests would queue and the window would not hold C in flight"
                 )
         if "--disable-log-stats" in self.serve_flags:

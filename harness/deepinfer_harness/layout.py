@@ -1,6 +1,6 @@
 """Result layout and the run key; every stage finds its inputs through these paths only.
 
-<run>/{manifest.json, summary.json, ab.json, ab.md, ab.csv, runs.csv, prompts/corpus.json}
+<run>/{manifest.json, summary.json, ab.json, ab.md, ab.csv, runs.csv, prompts/corpus-<workload>.json}
 <run>/logs/<variant>.s<session>.server.log
 <run>/cells/<cell_id>/<variant>.r<k>.{jsonl, cell.json, summary.json, metrics.{idle,before,after}.prom.gz}
 <run>/cells/<cell_id>/attempts/<variant>.r<k>.a<n>.*   (set-aside invalid or partial runs)
@@ -60,9 +60,8 @@ class RunLayout:
     def ab(self) -> Path:
         return self.root / "ab.json"
 
-    @property
-    def corpus(self) -> Path:
-        return self.root / "prompts" / "corpus.json"
+    def corpus(self, workload: str) -> Path:
+        return self.root / "prompts" / f"corpus-{workload}.json"
 
     def server_log(self, variant: str, session: int) -> Path:
         return self.root / "logs" / f"{variant}.s{session}.server.log"

@@ -52,28 +52,31 @@ class Session:
 def build_cells(profile: Profile) -> list[CellDef]:
     p = profile.plan
     cells: list[CellDef] = []
+    w = p.prefill.workload
     for isl in p.prefill.isls:
         n = p.prefill.n_long if isl >= p.prefill.long_isl else p.prefill.n
-        cells.append(CellDef(Cell("prefill-cold", isl), n=n))
+        cells.append(CellDef(Cell("prefill-cold", isl, workload=w), n=n))
     for spec in p.prefill.concurrent:
-        cells.append(CellDef(Cell("prefill-cold", spec["isl"], 1, spec["c"]), n=spec.get("n", spec["c"])))
+        cell = Cell("prefill-cold", spec["isl"], 1, spec["c"], w)
+        cells.append(CellDef(cell, n=spec.get("n", spec["c"])))
     for isl in p.ttft_isls:
-        cells.append(CellDef(Cell("ttft", isl), n=p.ttft_n))
-    d = p.decode
-    for c in d.concurrencies:
-        cells.append(
-            CellDef(
-                Cell("decode", d.isl, d.osl, c),
-                warmup_s=d.warmup_s,
-                window_s=d.window_s,
-                min_steps=d.min_steps,
-            )
-        )
+        cells.append(CellDef(Cell("ttft", isl, workload=p.ttft_workload), n=p.ttft_n))
+    for d in (p.decode, p.long_decode):
+        for workload in d.workloads:
+            for c in d.concurrencies:
+                cells.append(
+                    CellDef(
+                        Cell("decode", d.isl, d.osl, c, workload),
+                        warmup_s=d.warmup_s,
+                        window_s=d.window_s,
+                        min_steps=d.min_steps,
+                    )
+                )
     for spec in p.nll:
-        cells.append(CellDef(Cell("nll", spec["isl"]), n=spec["docs"], warmup=0))
+        cells.append(CellDef(Cell("nll", spec["isl"], workload=p.nll_workload), n=spec["docs"], warmup=0))
     g = p.greedy
     for c in g.concurrencies:
-        cells.append(CellDef(Cell("greedy", g.isl, g.osl, c), n=max(g.n, c), warmup=0))
+        cells.append(CellDef(Cell("greedy", g.isl, g.osl, c, g.workload), n=max(g.n, c), warmup=0))
     ids = [c.id for c in cells]
     duplicates = {i for i in ids if ids.count(i) > 1}
     if duplicates:

@@ -174,13 +174,17 @@ def test_dry_run_runs_every_check_and_prints_every_command(capsys, tmp_path, mon
     """Issue 23 defect 2: --dry-run runs every preflight check (a bad model exits 2, one line)."""
     model = write_checkpoint(tmp_path / "v41", model_type="deepseek_v41")
     fake_docker(tmp_path, monkeypatch, {"ai.deepinfer.patches": "00"})
-    common = ["--results", str(tmp_path / "r"), "--dry-run"]
+    common = ["--results", str(tmp_path / "r"), "--dry-run", "--skip-check", "ports"]  # fixed ports
     assert main(["bench-ab", "--profile", "a100x8-tp8", "--model", model, *common]) == 0
     out = capsys.readouterr().out
-    assert "# preflight passed (output, model, command, ports, docker, urls, host-memory)" in out
+    assert "# preflight passed (output, model, command, docker, urls, host-memory, corpus)" in out
     assert out.count("docker run --rm") == 12 and "deepinfer-sm80:baseline" in out
     assert "deepinfer-sm80:deepinfer" in out and "--tensor-parallel-size 8" in out
-    assert out.count("client: decode-i3k-o512-c16") == 12  # 3 ABBA blocks
+    assert out.count("client: decode-i3k-o512-c16 ") == 12  # 3 ABBA blocks
+    assert (
+        out.count("client: decode-i3k-o512-c16-wcode ") == 12
+        and out.count("client: decode-i1k-o8k-c8 ") == 12
+    )
     assert f"--entrypoint vllm deepinfer-sm80:baseline serve --model {model}" in out  # `vllm serve`
     assert "WARNING" not in out and "# A/B;" in out
     assert main(["bench-ab", "--profile", "a100x8-tp8", "--model", "/models/v41", *common]) == 2
@@ -190,8 +194,8 @@ def test_dry_run_runs_every_check_and_prints_every_command(capsys, tmp_path, mon
     assert "model_type 'llama' is not what this profile serves (deepseek_v41)" in capsys.readouterr().err
     skipped = ["--skip-check", "model", "--skip-check", "docker"]
     assert main(["bench-ab", "--profile", "a100x8-tp8", "--model", "/models/v41", *common, *skipped]) == 0
-    assert "skipped: docker, model" in capsys.readouterr().out
-    assert main(["bench-ab", "--profile", "smoke", "--dry-run", "--set", "ab.aa=false", *common[:2]]) == 2
+    assert "skipped: docker, model, ports" in capsys.readouterr().out
+    assert main(["bench-ab", "--profile", "smoke", "--set", "ab.aa=false", *common]) == 2
     assert "A and B launch the same thing" in capsys.readouterr().err  # as the real run would
     assert main(["bench-ab", "--profile", "ga100x6-tp2pp3", "--model", model, *common]) == 0
     assert "served by patch 00's replication (both arms carry 00 / 00)" in capsys.readouterr().out

@@ -18,6 +18,7 @@ from deepinfer_harness.config import ConfigError, load_profile
 from .conftest import write_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
+NO_PORTS = ["--skip-check", "ports"]  # the profiles' fixed ports may be taken on a shared host
 
 
 def one_line_exit_2(argv, capsys, needle):
@@ -57,7 +58,7 @@ def one_line_exit_2(argv, capsys, needle):
     ],
 )
 def test_every_bad_profile_field_is_one_line_naming_it(capsys, tmp_path, override, needle):
-    argv = ["bench-ab", "--profile", "smoke", "--results", str(tmp_path), "--set", override]
+    argv = ["bench-ab", "--profile", "smoke", "--results", str(tmp_path), "--set", override, *NO_PORTS]
     one_line_exit_2(argv, capsys, needle)
     one_line_exit_2([*argv, "--dry-run"], capsys, needle)
     assert not list(tmp_path.iterdir())  # nothing written
@@ -96,7 +97,7 @@ def test_a_relative_typo_is_a_path_not_a_hub_id(capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     (tmp_path / "models").mkdir()
-    base = ["bench-ab", "--profile", "smoke", "--results", str(tmp_path / "r"), "--dry-run"]
+    base = ["bench-ab", "--profile", "smoke", "--results", str(tmp_path / "r"), "--dry-run", *NO_PORTS]
     one_line_exit_2([*base, "--model", "models/typo"], capsys, "model path models/typo does not exist")
     one_line_exit_2([*base, "--model", "org/not-downloaded"], capsys, "not in the Hugging Face cache")
     one_line_exit_2([*base, "--model", "a/b/c"], capsys, "model path a/b/c does not exist")
@@ -108,7 +109,7 @@ def test_a_relative_typo_is_a_path_not_a_hub_id(capsys, tmp_path, monkeypatch):
 def test_checkpoint_problems_are_one_line_before_any_engine(capsys, tmp_path):
     """Issue 20 item 6: no config.json, a non-V4.1 model type, a vocabulary the harness cannot
     tokenize (a broken tokenizer, ids outside the embedding table) → one line, exit 2."""
-    base = ["bench-ab", "--profile", "tiny-v41", "--results", str(tmp_path / "r"), "--dry-run"]
+    base = ["bench-ab", "--profile", "tiny-v41", "--results", str(tmp_path / "r"), "--dry-run", *NO_PORTS]
     empty = tmp_path / "empty"
     empty.mkdir()
     one_line_exit_2([*base, "--model", str(empty)], capsys, "has no config.json")
@@ -183,7 +184,7 @@ def test_level_mode_without_the_overlay_is_one_line(monkeypatch, capsys, tmp_pat
 
     launch.level_env.cache_clear()
     model = write_checkpoint(tmp_path / "v41", model_type="deepseek_v41")
-    argv = ["bench-ab", "--model", model, "--results", str(tmp_path / "r"), "--dry-run"]
+    argv = ["bench-ab", "--model", model, "--results", str(tmp_path / "r"), "--dry-run", *NO_PORTS]
     one_line_exit_2(argv, capsys, "server.mode level needs deepinfer_sm80.testing.e2e")
 
 
@@ -197,7 +198,8 @@ def test_default_bench_ab_is_the_tiny_v41_ab(monkeypatch, capsys, tmp_path):
         "tiny-v41",
         (Path(model), "note", "run make tiny-model"),
     )
-    assert main(["bench-ab", "--results", str(tmp_path / "r"), "--dry-run"]) == 0
+    argv = ["bench-ab", "--results", str(tmp_path / "r"), "--dry-run", *NO_PORTS]
+    assert main(argv) == 0
     out = capsys.readouterr().out
     assert "# run tiny-v41-" in out and "# A/B;" in out
     assert out.count("client: nll-i32") == 4 and out.count("client: greedy-i16-o4-c1") == 4
@@ -269,6 +271,7 @@ def test_engram_host_memory_shortfall_is_one_line_before_any_engine(monkeypatch,
     cfg = Path(model) / "config.json"
     cfg.write_text(cfg.read_text()[:-1] + ', "text_config": {"engram_layer_ids": [1, 14]}}')
     base = ["bench-ab", "--profile", "smoke", "--model", model, "--results", str(tmp_path / "r"), "--dry-run"]
+    base += NO_PORTS
     one_line_exit_2(base, capsys, "9.0 GiB pinned host memory, 2.0 GiB available")
     assert seen["layers"] == [1, 14] and seen["dp_per_node"] == 1  # nested text_config read
     flags = 'serve_flags=[--enforce-eager, --engram-config, "{\\"cpu_offload\\": false}"]'

@@ -27,6 +27,7 @@ from deepinfer_harness.analysis.metrics import ttft_ns
 from deepinfer_harness.analysis.reader import RunReader
 from deepinfer_harness.analysis.run_summary import summary_of
 from deepinfer_harness.analysis.stats import MIN_PAIRS
+from deepinfer_harness.cells import parse_cell
 from deepinfer_harness.layout import RunKey, RunLayout, read_json, write_json
 
 RUN_COLUMNS = [
@@ -198,6 +199,7 @@ def build_report(layout: RunLayout) -> dict[str, Any]:
         "numeric_certificate": ab["numeric_certificate"],
         "certificate_lines": certificate_lines(ab["numeric_certificate"]),
     }
+    summary["acceptance_by_workload"] = acceptance_by_workload(runs)
     summary["targets"] = targets(summary, parity)
     write_json(layout.summary, summary)
     write_tables(layout, runs, ab, summary)
@@ -272,6 +274,26 @@ def provenance(manifest: dict[str, Any]) -> dict[str, Any]:
         "note": manifest.get("note"),
         "variants": arms,
     }
+
+
+def acceptance_by_workload(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Speculative acceptance per workload and arm over valid decode runs (issue 23 defect 8): the
+    counters' acceptance length where the server drafts, else tokens per content event."""
+    groups: dict[tuple[str, str], list[float]] = {}
+    for r in runs:
+        if r.get("kind") != "decode" or not r["validity"]["valid"]:
+            continue
+        value = r.get("spec_decode_acceptance_length") or r.get("mean_tokens_per_chunk")
+        if isinstance(value, int | float) and math.isfinite(value):
+            groups.setdefault((parse_cell(r["cell_id"]).workload, r["variant"]), []).append(value)
+    out = []
+    for workload in sorted({w for w, _ in groups}):
+        row: dict[str, Any] = {"workload": workload}
+        for v in ("A", "B"):
+            vals = groups.get((workload, v), [])
+            row[v] = {"mean": sum(vals) / len(vals) if vals else None, "runs": len(vals)}
+        out.append(row)
+    return out
 
 
 def targets(summary: dict[str, Any], parity: dict[str, Any]) -> list[dict[str, Any]]:
@@ -410,6 +432,13 @@ def write_tables(
     text += ["", "## Missing runs", ""]
     text += [f"- {m}" for m in summary["missing_runs"]] or ["(none)"]
     text += ["", "## Runs", "", markdown(frame) if not frame.empty else "(none)", ""]
+    text += ["## Acceptance by workload", ""]
+    text += [
+        f"- {w['workload']}: A {fmt(w['A']['mean'])} ({w['A']['runs']} runs), B {fmt(w['B']['mean'])} "
+        f"({w['B']['runs']} runs) tokens per step"
+        for w in summary.get("acceptance_by_workload", [])
+    ] or ["(no valid decode run)"]
+    text += [""]
     text += ["## Numeric parity certificate", ""]
     text += certificate_lines(ab["numeric_certificate"]) or ["(no NLL or greedy cell)"]
     text += [""]

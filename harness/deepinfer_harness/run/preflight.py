@@ -34,7 +34,7 @@ from deepinfer_harness.topology import split_text
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 DOCKER_TIMEOUT_S = 20
-CHECKS = ("output", "model", "command", "ports", "docker", "urls", "host-memory")
+CHECKS = ("output", "model", "command", "ports", "docker", "urls", "host-memory", "corpus")
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 PATCHES_LABEL = "ai.deepinfer.patches"  # "00" or "00+01" (docker/README.md, image labels)
 ENGRAM_MEMORY = "deepinfer_sm80.integration.engram_memory"  # H3: lockable host memory vs Engram tables
@@ -295,7 +295,29 @@ def check_host_memory(profile: Profile, model: str, launch: Launch) -> str | Non
         raise ConfigError(f"model {model}: {exc}") from exc
     except ValueError as exc:
         raise ConfigError(f"model {model}: engram memory check: {exc}") from exc
-    return result.message
+    return result.message if getattr(result, "layers", True) else None  # no Engram layers: nothing to say
+
+
+def check_corpus(profile: Profile) -> list[str]:
+    """Each workload's text exists and holds at least as many bytes as its largest prompt has tokens
+    (a byte-level tokenizer never makes more tokens than bytes); the exact token count is checked
+    when the first server tokenizes it."""
+    from deepinfer_harness.plan import build_cells
+    from deepinfer_harness.run.provenance import budget_chars
+    from deepinfer_harness.run.sessions import corpus_needs, corpus_path
+    from deepinfer_harness.workloads import workload_text
+
+    notes = []
+    for workload, need in sorted(corpus_needs(build_cells(profile)).items()):
+        text = workload_text(workload, budget_chars(need), corpus_path(profile))
+        size = len(text.encode())
+        if size < need:
+            raise ConfigError(
+                f"workload {workload}: {size:,} bytes of text, fewer than its largest prompt "
+                f"({need:,} tokens)"
+            )
+        notes.append(f"{workload} {size:,} bytes")
+    return [f"prompt text (no repeats inside a prompt): {', '.join(notes)}"] if notes else []
 
 
 def check_output(root: Path) -> None:
@@ -366,4 +388,6 @@ def preflight(
             notes.append(note)
     if not (mode == "docker" and "docker" in skip) and (note := check_partition_served(profile, labels)):
         notes.append(note)
+    if "corpus" not in skip:
+        notes += check_corpus(profile)
     return notes

@@ -55,6 +55,18 @@ class RunOutcome:
     failures: list[str] = field(default_factory=list)  # sessions that could not run, with the cause
 
 
+def corpus_needs(cells: list[CellDef]) -> dict[str, int]:
+    """Per workload, the largest prompt any cell of the plan sends (tokens)."""
+    needs: dict[str, int] = {}
+    for c in cells:
+        needs[c.cell.workload] = max(needs.get(c.cell.workload, 0), c.cell.isl)
+    return needs
+
+
+def corpus_path(profile: Profile) -> Path | None:
+    return Path(profile.corpus_file).expanduser() if profile.corpus_file else None
+
+
 def limits_of(profile: Profile) -> dict[str, float]:
     return asdict(profile.validity)
 
@@ -166,7 +178,12 @@ async def run_session(
         facts = await collect_variant(http, handle, opts.served_model)
         if record:
             record(facts)
-        corpus = await ensure_corpus(http, handle.base_url, opts.served_model, layout.corpus)
+        corpora = {
+            w: await ensure_corpus(
+                http, handle.base_url, opts.served_model, layout.corpus(w), w, need, corpus_path(profile)
+            )
+            for w, need in sorted(corpus_needs(cells).items())
+        }
         for i, cdef in enumerate(todo):
             key = RunKey(cdef.id, session.variant, session.rep)
             if not await asyncio.to_thread(handle.alive):
@@ -186,7 +203,7 @@ async def run_session(
                     session.variant,
                     session.rep,
                     session.index,
-                    corpus,
+                    corpora[cdef.cell.workload],
                     writer,
                     cdef,
                     opts.progress,
