@@ -119,6 +119,8 @@ def test_bench_ab_smoke_against_real_vllm(vllm, tmp_path):
     rc = main(
         [
             "bench-ab",
+            "--profile",
+            "smoke",
             "--url",
             f"A={vllm.base_url}",
             "--url",
