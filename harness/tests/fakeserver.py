@@ -26,6 +26,7 @@ DEFAULT = {
     "fail_after_events": 2,
     "restart_after_requests": -1,
     "vocab": 1000,
+    "generation_counted": 1.0,  # share of generated tokens the fake's counter sees (1: all, like vLLM)
 }
 
 
@@ -88,7 +89,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
             await resp.write(_event({"id": "cmpl-x", "choices": [choice]}))
             sent += n
             events += 1
-            st.c["generation"] += n
+            st.c["generation"] += n * cfg["generation_counted"]
             if events > 1:  # one speculative step: K=5 drafts, the first n − 1 accepted
                 st.c["drafts"] += 1
                 st.c["draft_tokens"] += 5
@@ -160,6 +161,7 @@ def _prompt_logprobs(st: State, prompt: list[int], body: dict) -> web.Response:
             top[str((tok + 1) % st.cfg["vocab"])] = {"logprob": -0.1, "rank": 1, "decoded_token": "u"}
         entries.append(top)
     st.c["prompt_tokens"] += len(prompt)
+    st.c["generation"] += st.cfg["generation_counted"]  # max_tokens 1: one generated token
     st.c["success"] += 1
     return web.json_response(
         {

@@ -197,3 +197,14 @@ def test_nll_cell_and_hard_failures(fake, tmp_path):
     fake.configure(mode="nan_logprobs")
     _, bad = run_cell(fake, tmp_path / "b", Cell("nll", 32), n=2)
     assert any("null/NaN/-inf" in v for v in bad["validity"]["violations"])
+
+
+def test_server_generation_counter_must_equal_the_clients_count(fake, tmp_path):
+    """A check peers use against silent wrong numbers: Δvllm:generation_tokens_total equals the
+    tokens the client received; the prefix-cache counters are in every run's row."""
+    _, good = run_cell(fake, tmp_path, Cell("greedy", 32, 8, 1), n=2, warmup=0)
+    assert good["validity"]["valid"], good["validity"]
+    assert good["server_generation_tokens"] == 16 and "prefix_cache_hits" in good
+    fake.configure(generation_counted=0.5)  # a server that counts half of what it streams
+    _, bad = run_cell(fake, tmp_path / "b", Cell("greedy", 32, 8, 1), n=2, warmup=0)
+    assert "Δgeneration_tokens_total=8 != 16 tokens the client received" in bad["validity"]["violations"]

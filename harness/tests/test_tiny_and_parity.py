@@ -27,10 +27,11 @@ def test_tiny_model_is_consistent_and_idempotent(tmp_path):
     assert (out / "model.safetensors").stat().st_mtime_ns == stamp
 
 
-def test_prompts_tile_the_corpus_and_round_trip(tmp_path):
-    corpus = TokenCorpus(ids=list(range(10)), canary_ids=[1, 2], text_sha256="t")
-    assert corpus.prompt(25, 0) == [*range(10), *range(10), *range(5)]
-    assert corpus.prompt(4, 1) == [7, 8, 9, 0]  # stride 97 → start 7
+def test_prompts_are_windows_and_round_trip(tmp_path):
+    corpus = TokenCorpus(
+        ids=list(range(100)), canary_ids=[1, 2], text_sha256="t", workload="code", source="s"
+    )
+    assert corpus.prompt(25, 0) == list(range(25)) and corpus.prompt(25, 1) == list(range(25, 50))
     assert corpus.prompt(64, 3) != corpus.prompt(64, 4)
     corpus.save(tmp_path / "c.json")
     assert TokenCorpus.load(tmp_path / "c.json") == corpus

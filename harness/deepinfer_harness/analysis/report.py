@@ -42,6 +42,9 @@ RUN_COLUMNS = [
     "decode_tok_s",
     "prefill_tok_s",
     "nll_mean",
+    "prefix_cache_queries",
+    "prefix_cache_hits",
+    "server_generation_tokens",
     "valid",
 ]
 PM = "±"  # always printed as "mean ± sd (n runs)"

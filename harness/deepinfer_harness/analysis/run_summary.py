@@ -189,6 +189,10 @@ def summarize_run(
         out |= _spec_steps_check(ok)
     if cell.kind == "nll":
         out |= _nll(ok)
+    # prefix-cache counters in every row: a warm cache inflates throughput (cold cells must show 0)
+    out["prefix_cache_queries"] = d.get("vllm:prefix_cache_queries_total")
+    out["prefix_cache_hits"] = d.get("vllm:prefix_cache_hits_total")
+    out["server_generation_tokens"] = d.get("vllm:generation_tokens_total")
     out["system_fingerprint"] = next((r.system_fingerprint for r in ok if r.system_fingerprint), None)
     out["metrics_delta"] = {k: v for k, v in d.items() if v and "_bucket" not in k}
     out["loop_lag"] = facts.get("loop_lag", {})

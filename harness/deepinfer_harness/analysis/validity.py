@@ -64,6 +64,13 @@ def _delta_violations(cell: Cell, measured: list[RequestRecord], d: dict[str, fl
         return out
     if success != len(measured):
         out.append(f"Δrequest_success_total={success:g} != {len(measured)} completed (foreign traffic?)")
+    generated = sum(r.output_tokens or 0 for r in measured)
+    if "vllm:generation_tokens_total" in d or generated:  # the server's count must be the client's
+        if d.get("vllm:generation_tokens_total", 0) != generated:
+            out.append(
+                f"Δgeneration_tokens_total={d.get('vllm:generation_tokens_total', 0):g} != {generated} "
+                "tokens the client received"
+            )
     if d.get("vllm:prompt_tokens_total", 0) != sent_prompt:
         out.append(f"Δprompt_tokens_total={d.get('vllm:prompt_tokens_total', 0):g} != {sent_prompt} sent")
     if cell.kind in ("prefill-cold", "ttft"):
