@@ -492,7 +492,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--evidence", action="store_true", help="write results/e2e-cpu.json (the committed evidence)"
     )
-    ap.add_argument("--engine-timeout", type=float, default=1500.0)
+    ap.add_argument("--engine-timeout", type=float, default=3600.0, help="seconds per engine (all its cases)")
     ap.add_argument("--jobs", type=int, default=2, help="levels run side by side (one core each)")
     ap.add_argument("--engines", default="", help="only these engines of the plan (comma-separated)")
     args = ap.parse_args(argv)
