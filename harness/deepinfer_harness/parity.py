@@ -72,7 +72,14 @@ def certificate(sessions: dict[str, dict[str, Any]], declared_env: set[str]) -> 
             va, vb = ref.get(key), s.get(key)
             if key == "serve_args":
                 va, vb = normalize_args(va or []), normalize_args(vb or [])
-            if va != vb:
+            if va != vb and key == "server_info_sha256":
+                fa, fb = ref.get("server_info_fields") or {}, s.get("server_info_fields") or {}
+                fields = sorted(k for k in fa.keys() | fb.keys() if fa.get(k) != fb.get(k))
+                where = (
+                    f" (fields {', '.join(fields[:6])}{' …' if len(fields) > 6 else ''})" if fields else ""
+                )
+                diffs.append(f"{tag}: server_info_sha256 {va!r} != {vb!r}{where}")
+            elif va != vb:
                 diffs.append(f"{tag}: {key} {va!r} != {vb!r}")
         diffs += [f"{tag}: {d}" for d in _env_diff(ref.get("env") or {}, s.get("env") or {}, declared_env)]
         ref_gpus = [(g.get("name"), g.get("driver_version")) for g in ref.get("gpus") or []]

@@ -68,3 +68,20 @@ def test_parity_certificate():
     gpu = {"0": session("A", 0), "1": session("B", 0, gpus=[{"name": "A800", "driver_version": "595"}])}
     assert certificate(gpu, set())["status"] == "fail"
     assert certificate({"0": session("A", 0)}, set())["status"] == "incomplete"
+
+
+def test_server_config_hash_ignores_per_start_noise_and_names_what_differs():
+    from deepinfer_harness.run.provenance import field_hashes, scrub
+
+    one = {"instance_id": 1, "model_config": {"hf": "<Cfg object at 0x7f00aa>", "seed": 0}, "x": 1}
+    two = {"instance_id": 2, "model_config": {"hf": "<Cfg object at 0x7f11bb>", "seed": 0}, "x": 1}
+    assert scrub(one) == scrub(two)  # instance id and object addresses differ on every start
+    three = {"model_config": {"hf": "<Cfg object at 0x1>", "seed": 7}, "x": 1}
+    fa, fb = field_hashes(scrub(one)), field_hashes(scrub(three))
+    assert sorted(k for k in fa if fa[k] != fb.get(k)) == ["model_config.seed"]
+    sessions = {
+        "0": session("A", 0, server_info_fields=fa),
+        "1": session("B", 0, server_info_sha256="other", server_info_fields=fb),
+    }
+    cert = certificate(sessions, set())
+    assert cert["status"] == "fail" and "(fields model_config.seed)" in cert["diffs"][0]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -31,6 +32,32 @@ GPU_FIELDS = (
     "clocks_throttle_reasons.active"
 )
 VOLATILE_CONFIG = {"instance_id"}  # random per start; everything else in vllm_config must match
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")  # repr() of an object /server_info could not serialize
+
+
+def scrub(value: Any) -> Any:
+    """vllm_config as /server_info dumps it, minus what differs on every start of the same server:
+    `instance_id`, and object addresses in the repr() strings its JSON fallback writes."""
+    if isinstance(value, dict):
+        return {k: scrub(v) for k, v in value.items() if k not in VOLATILE_CONFIG}
+    if isinstance(value, list):
+        return [scrub(v) for v in value]
+    if isinstance(value, str):
+        return _ADDRESS.sub(" at 0x…", value)
+    return value
+
+
+def field_hashes(config: dict[str, Any]) -> dict[str, str]:
+    """sha256[:12] per `section.field` (two levels), so a differing config hash names its fields."""
+    out = {}
+    for section, body in sorted(config.items()):
+        items = body.items() if isinstance(body, dict) else [("", body)]
+        for key, value in items:
+            blob = json.dumps(value, sort_keys=True, default=str).encode()
+            out[f"{section}.{key}".rstrip(".")] = hashlib.sha256(blob).hexdigest()[:12]
+    return out
+
+
 PIP_KEEP = ("vllm", "torch", "triton", "nvidia-nccl", "flashinfer", "tilelang", "deepinfer")
 
 
@@ -82,8 +109,9 @@ async def collect_variant(http: aiohttp.ClientSession, handle: ServerHandle, mod
         facts["vllm_version"] = None
     try:
         info = await get_json(http, f"{base}/server_info?config_format=json")
-        config = {k: v for k, v in (info.get("vllm_config") or {}).items() if k not in VOLATILE_CONFIG}
+        config = scrub(info.get("vllm_config") or {})
         facts["server_info_sha256"] = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()
+        facts["server_info_fields"] = field_hashes(config)
         env = info.get("system_env") or {}
         facts["nvidia_driver_version"] = env.get("nvidia_driver_version")
         pip = str(env.get("pip_packages") or "")
