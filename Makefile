@@ -36,7 +36,15 @@ lint: setup
 test-cpu: setup fetch-vllm
 	$(PY) -m pytest -q tests overlay/tests harness/tests
 
-test: lint test-cpu
+test: lint test-cpu e2e-cpu
+
+# vLLM 0.32.0's real engine serving the tiny V4.1 checkpoint on CPU through patch 00 and 00+01, our
+# kernels under TRITON_INTERPRET=1, checked against the independent oracle (docs/E2E_CPU.md). Writes
+# .cache/e2e/e2e-cpu.json; EVIDENCE=1 runs the full plan (+ PP) into results/e2e-cpu.json.
+.PHONY: e2e-cpu
+E2E_ARGS ?=
+e2e-cpu: setup fetch-vllm tiny-model
+	$(PY) -m deepinfer_sm80.testing.e2e $(if $(EVIDENCE),--plan full --evidence) $(E2E_ARGS)
 
 # patches/ from the binding table and the sha-verified tree; patches-check proves apply/compile/revert
 patches: fetch-vllm

@@ -496,6 +496,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=2, help="levels run side by side (one core each)")
     ap.add_argument("--engines", default="", help="only these engines of the plan (comma-separated)")
     args = ap.parse_args(argv)
+    args.work, args.model = args.work.resolve(), args.model.resolve()  # the workers run in their run dirs
     try:
         levels = tuple(canonical_level(lv) for lv in args.levels.split(",") if lv)
         check_checkpoint(args.model)
