@@ -77,6 +77,23 @@ def client_hardware() -> str:
     )
 
 
+def model_fingerprint(model: str) -> str | None:
+    """A local checkpoint's identity: config.json's bytes and every file's name, size and mtime
+    (hashing the weights would read hundreds of GB); None for a hub id or a URL-served model."""
+    path = Path(model).expanduser()
+    if not path.is_dir():
+        return None
+    h = hashlib.sha256()
+    for f in sorted(path.iterdir()):
+        if f.is_file():
+            st = f.stat()
+            h.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns}\n".encode())
+    config = path / "config.json"
+    if config.is_file():
+        h.update(config.read_bytes())
+    return h.hexdigest()
+
+
 def _version(dist: str) -> str | None:
     try:
         return metadata.version(dist)
@@ -110,6 +127,12 @@ def init_manifest(
         old_defs = {c["cell_id"]: c["definition_sha256"] for c in old["cells"]}
         new_defs = {c["cell_id"]: c["definition_sha256"] for c in cell_rows}
         changed = sorted(k for k in old_defs.keys() & new_defs.keys() if old_defs[k] != new_defs[k])
+        stamp = old.get("model_fingerprint")
+        if stamp and stamp != model_fingerprint(model):
+            raise DefinitionMismatch(
+                f"{layout.root}: the checkpoint {model} changed since the run began (files or config.json); "
+                "use a new --run-id or --fresh"
+            )
         if changed or old.get("model") != model:
             raise DefinitionMismatch(
                 f"{layout.root}: cell definitions or model changed since the run began "
@@ -123,6 +146,7 @@ def init_manifest(
         "started_at": time.time(),
         "ended_at": None,
         "model": model,
+        "model_fingerprint": model_fingerprint(model),
         "note": note,
         "harness": {
             "version": __version__,

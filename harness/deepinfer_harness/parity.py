@@ -34,6 +34,7 @@ COMPARED = (
     "speculative_config",
     "pip_packages",
     "engine_version",
+    "model_fingerprint",
 )
 NETWORK_FLAGS = {"--port", "--host"}
 

@@ -72,3 +72,31 @@ def test_interrupted_then_resumed_gives_the_uninterrupted_verdict(
     got = verdict(root)
     assert got == reference
     assert got["parity"] == "ok" and not got["not_comparable"]
+
+
+def test_a_checkpoint_rebuilt_mid_run_is_caught(tmp_path):
+    """A checkpoint rewritten between sessions (e.g. `make tiny-model` with a new recipe while a
+    run is on) fails parity, and a resume of such a run is refused."""
+    import json
+    import os
+
+    from deepinfer_harness.manifest import DefinitionMismatch, init_manifest, model_fingerprint
+    from deepinfer_harness.parity import certificate
+
+    from .conftest import write_checkpoint
+
+    model = write_checkpoint(tmp_path / "m")
+    before = model_fingerprint(model)
+    cfg = tmp_path / "m" / "config.json"
+    cfg.write_text(json.dumps({"model_type": "llama", "vocab_size": 513}))
+    os.utime(cfg, ns=(1, 1))
+    after = model_fingerprint(model)
+    assert before != after and model_fingerprint("org/name") is None
+    a = {"variant": "A", "rep": 0, "model_fingerprint": before}
+    b = {"variant": "B", "rep": 0, "model_fingerprint": after}
+    assert any("model_fingerprint" in d for d in certificate({"0": a, "1": b}, set())["diffs"])
+    layout = RunLayout(tmp_path / "run")
+    layout.root.mkdir()
+    layout.manifest.write_text(json.dumps({"cells": [], "model": model, "model_fingerprint": before}))
+    with pytest.raises(DefinitionMismatch, match="changed since the run began"):
+        init_manifest(layout, None, [], [], "run", model, None)

@@ -23,7 +23,7 @@ from deepinfer_harness.analysis.reader import RunReader
 from deepinfer_harness.analysis.run_summary import summary_of
 from deepinfer_harness.config import Profile
 from deepinfer_harness.layout import RunKey, RunLayout, write_json
-from deepinfer_harness.manifest import record_session, recorded_sessions
+from deepinfer_harness.manifest import model_fingerprint, record_session, recorded_sessions
 from deepinfer_harness.plan import CellDef, Session
 from deepinfer_harness.records import JsonlWriter
 from deepinfer_harness.run.cell import CellContext
@@ -256,6 +256,7 @@ def run_all(
                 "env": launch.recorded_env(),
                 "base_url": launch.base_url,
                 "image": launch.image,
+                "model_fingerprint": model_fingerprint(opts.model),  # a checkpoint rebuilt mid-run
                 **launch.arm_facts(),
                 **facts,
             }
