@@ -68,8 +68,9 @@ def bind_vllm_tilelang_globals() -> None:
     # a kernel module imported earlier in this process (vLLM's model code imports it) saw T = None and
     # built its kernels without tensor annotations: import it again now that T is bound
     for name, module in list(sys.modules.items()):
-        unbound = getattr(module, "T", tilelang.language) is None
-        if name.startswith("vllm.model_executor.kernels.mhc") and unbound:
+        # name first: getattr on a lazy package (transformers) would import its submodules
+        mhc = name.startswith("vllm.model_executor.kernels.mhc")
+        if mhc and getattr(module, "T", tilelang.language) is None:
             importlib.reload(module)
 
 
