@@ -97,6 +97,7 @@ def linear(x: torch.Tensor, w: torch.Tensor, round_out: bool = True) -> torch.Te
     keeps fp32 (the compressor's and the router's outputs). The rounded case runs as a bf16 GEMM: x holds
     bf16 values, so `x.bfloat16()` is exact, and the library accumulates in fp32 (its order is its own:
     ORACLE.md counts that among the differences)."""
-    if round_out and quant.rounding():
+    if round_out and quant.bf16_gemm():
         return (x.to(torch.bfloat16) @ w.T).to(torch.float32)
-    return x @ w.to(torch.float32).T
+    y = x @ w.to(torch.float32).T
+    return quant.bf16(y) if round_out else y

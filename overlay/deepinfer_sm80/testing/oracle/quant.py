@@ -19,7 +19,8 @@ E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 
 
 class _Mode:
-    round_activations = True  # False: every bf16 storage point keeps fp32 (the sensitivity run, ORACLE.md)
+    round_activations = True  # False: every bf16 storage point keeps fp32 (the upper-bound run, ORACLE.md)
+    bf16_gemm = True  # False: GEMMs upcast to fp32 before rounding (another summation order, ORACLE.md)
 
 
 @contextmanager
@@ -32,8 +33,22 @@ def fp32_activations() -> Iterator[None]:
         _Mode.round_activations = True
 
 
+@contextmanager
+def fp32_gemms() -> Iterator[None]:
+    """Within: the same bf16 storage points, but GEMMs accumulate in torch's fp32 GEMM (another order)."""
+    _Mode.bf16_gemm = False
+    try:
+        yield
+    finally:
+        _Mode.bf16_gemm = True
+
+
 def rounding() -> bool:
     return _Mode.round_activations
+
+
+def bf16_gemm() -> bool:
+    return _Mode.round_activations and _Mode.bf16_gemm
 
 
 def bf16(x: torch.Tensor) -> torch.Tensor:
