@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 from pathlib import Path
 
 from deepinfer_sm80.testing.e2e import check_checkpoint
@@ -44,4 +45,40 @@ def variant(ckpt: Path, work: Path, overrides: dict[str, object]) -> Path:
         link.symlink_to(src.resolve())
     text.update(overrides)
     (out / "config.json").write_text(json.dumps(cfg, indent=1) + "\n")
+    return out
+
+
+def fingerprint(ckpt: Path) -> str:
+    """sha256 over the checkpoint's file names, sizes and mtimes (cheap; a rebuild changes it)."""
+    h = hashlib.sha256()
+    for path in sorted(Path(ckpt).resolve().iterdir()):
+        if path.is_file() and not path.name.startswith("."):
+            st = path.stat()
+            h.update(f"{path.name}:{st.st_size}:{st.st_mtime_ns}\n".encode())
+    return h.hexdigest()
+
+
+def snapshot(ckpt: Path, work: Path) -> Path:
+    """A private copy of the checkpoint for one run: the engines and the oracle must read the same
+    bytes, and `make tiny-model` may rebuild the shared one mid-run (it did, here, 2026-12-02)."""
+    check_checkpoint(ckpt)
+    src = Path(ckpt).resolve()
+    out = Path(work) / "snapshots" / f"{src.name}-{fingerprint(src)[:12]}"
+    stamp = out / ".complete"
+    if stamp.exists():
+        return out
+    if out.exists():
+        shutil.rmtree(out)
+    staging = out.with_name(out.name + ".partial")
+    if staging.exists():
+        shutil.rmtree(staging)
+    staging.mkdir(parents=True)
+    for path in sorted(src.iterdir()):
+        if path.is_file() and not path.name.startswith("."):
+            shutil.copyfile(path, staging / path.name)
+    (staging / ".complete").write_text(fingerprint(src) + "\n")
+    staging.rename(out)
+    for old in out.parent.glob(f"{src.name}-*"):  # earlier snapshots of a rebuilt checkpoint
+        if old != out and not old.name.endswith(".partial"):
+            shutil.rmtree(old, ignore_errors=True)
     return out

@@ -38,7 +38,7 @@ from deepinfer_sm80.testing.e2e import (
     coverage,
     server_env,
 )
-from deepinfer_sm80.testing.e2e.models import SELECTING, variant
+from deepinfer_sm80.testing.e2e.models import SELECTING, fingerprint, snapshot, variant
 from deepinfer_sm80.testing.e2e.tree import ROOT, canonical_level
 
 # Prefix-cache hits land on whole KV blocks of 128 tokens: the only size V4.1's indexer cache takes
@@ -516,6 +516,7 @@ def main(argv: list[str] | None = None) -> int:
     text_cfg = check_checkpoint(args.model)
     text_cfg = text_cfg.get("text_config", text_cfg)
     engines = plan(args.plan, bool(text_cfg.get("engram_layer_ids")))
+    report["plan"] = args.plan
     if args.engines:
         wanted = set(args.engines.split(","))
         unknown = wanted - {e.name for e in engines}
@@ -523,7 +524,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"e2e-cpu: no engine {sorted(unknown)} in the {args.plan} plan", file=sys.stderr)
             return 2
         engines = [e for e in engines if e.name in wanted]
-    models = {e.name: variant(args.model, args.work, e.overrides) for e in engines}
+    ckpt = snapshot(args.model, args.work)  # engines and oracle read one private copy
+    report["checkpoint"] = {
+        "source": str(args.model),
+        "snapshot": str(ckpt),
+        "fingerprint": fingerprint(ckpt),
+    }
+    models = {e.name: variant(ckpt, args.work, e.overrides) for e in engines}
 
     def chain(level: str) -> dict[str, dict[str, Any]]:
         """This level's engines, one after the other (the levels run side by side, one core each)."""
