@@ -43,9 +43,12 @@ COMPARED_METRICS = {
         "mean_tokens_per_chunk",
         "spec_decode_acceptance_length",
         "ttft_under_load_ms",
+        "median_itl_ms",  # step latency under speculation (vLLM bench's itl), compared like the rest
+        "p99_itl_ms",
+        "median_e2el_ms",
     ],
     "nll": ["nll_mean"],
-    "greedy": ["mean_tpot_ms"],
+    "greedy": ["mean_tpot_ms", "median_e2el_ms"],
 }
 Samples = dict[tuple[str, int], list[float]]
 
