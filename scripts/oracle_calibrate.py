@@ -136,85 +136,43 @@ def run_checkpoint(ckpt: Path, n_prompts: int, n_tokens: int, log: Callable[[str
 
 
 def summarize(runs: list[dict]) -> dict:
+    """Per checkpoint: the worst order / fp32-mode changes, the mutations' effects, and targets that hold
+    the tolerances (chosen by `tolerance.tolerances` for the run's prompts) against them."""
+    from deepinfer_sm80.testing.bench import at_least, at_most
     from deepinfer_sm80.testing.oracle import tolerance as tol
 
-    def worst(mode: str, key: str) -> float:
-        return max(r[mode][key] for run in runs for r in run["prompts"])
-
-    margins = torch.tensor([x for run in runs for x in run["margins"]])
-    mut = {
-        m: min(r["mutations"][m]["nll_mean_abs"] for run in runs for r in run["prompts"] if "mutations" in r)
-        for m in MUTATIONS
-    }
-    from deepinfer_sm80.testing.bench import at_least, at_most
-
-    # the tolerances double the like-for-like (order-mode) worst cases; the fp32-activation mode is reported
-    # as the pessimistic bound a rounding-point mismatch would approach (ORACLE.md)
-    targets = [
-        at_most(
-            "order-mode per-token NLL change / NLL_TOKEN_TOL",
-            worst("order", "nll_token_max") / tol.NLL_TOKEN_TOL,
-            0.5,
-            "ratio",
-            "the like-for-like noise exceeds half the per-token tolerance",
-        ),
-        at_most(
-            "order-mode mean NLL change / NLL_MEAN_TOL",
-            worst("order", "nll_mean_abs") / tol.NLL_MEAN_TOL,
-            0.5,
-            "ratio",
-            "the like-for-like noise exceeds half the mean tolerance",
-        ),
-        at_most(
-            "order-mode margin change / GREEDY_MARGIN",
-            worst("order", "margin_change_max") / tol.GREEDY_MARGIN,
-            0.5,
-            "ratio",
-            "the like-for-like noise exceeds half the greedy margin",
-        ),
-        at_least(
-            "positions with margin > GREEDY_MARGIN",
-            float((margins > tol.GREEDY_MARGIN).float().mean()),
-            0.5,
-            "fraction",
-            "fewer than half the greedy steps are comparable",
-        ),
-    ]
-    for m, v in mut.items():
-        if m in ("all_compressed", "no_candidates") and all(run["index_topk"] >= 512 for run in runs):
-            continue
-        targets.append(
-            at_least(
-                f"mutation {m}: mean NLL change / NLL_MEAN_TOL",
-                v / tol.NLL_MEAN_TOL,
-                1.0,
-                "ratio",
-                "the mean tolerance misses this mistake",
-            )
-        )
-    return {
-        "worst": {
-            mode: {
-                k: worst(mode, k)
-                for k in (
-                    "nll_token_max",
-                    "nll_mean_abs",
-                    "margin_change_max",
-                    "logit_change_max",
-                    "argmax_flips",
-                )
-            }
-            for mode in ("order", "fp32")
-        },
-        "mutation_nll_mean_abs_min": mut,
-        "fraction_margin_above_threshold": float((margins > tol.GREEDY_MARGIN).float().mean()),
-        "tolerances": {
-            "NLL_TOKEN_TOL": tol.NLL_TOKEN_TOL,
-            "NLL_MEAN_TOL": tol.NLL_MEAN_TOL,
-            "GREEDY_MARGIN": tol.GREEDY_MARGIN,
-        },
-        "targets": [t.as_dict() if hasattr(t, "as_dict") else t.__dict__ for t in targets],
-    }
+    out: dict = {"per_checkpoint": [], "targets": []}
+    for run in runs:
+        rows = run["prompts"]
+        t = {"compress_ratios": [1], "num_hidden_layers": 1, "index_topk": run["index_topk"]}
+        tl = tol.tolerances(t, max(r["tokens"] for r in rows))
+        keys = ("nll_token_max", "nll_mean_abs", "margin_change_max", "logit_change_max", "argmax_flips")
+        worst = {mode: {k: max(r[mode][k] for r in rows) for k in keys} for mode in ("order", "fp32")}
+        mut = {m: r["mutations"][m]["nll_mean_abs"] for r in rows if "mutations" in r for m in r["mutations"]}
+        margins = torch.tensor(run["margins"])
+        above = float((margins > tl["greedy_margin"]).float().mean())
+        tag = f"index_topk {run['index_topk']}"
+        tg = [
+            at_most(f"{tag}: order-mode per-token NLL change / tolerance", worst["order"]["nll_token_max"]
+                    / tl["nll_token"], 0.5, "ratio", "like-for-like noise above half the tolerance"),
+            at_most(f"{tag}: order-mode mean NLL change / tolerance", worst["order"]["nll_mean_abs"]
+                    / tl["nll_mean"], 0.5, "ratio", "like-for-like noise above half the tolerance"),
+            at_most(f"{tag}: order-mode margin change / greedy margin", worst["order"]["margin_change_max"]
+                    / tl["greedy_margin"], 0.5, "ratio", "like-for-like noise above half the margin"),
+            at_least(f"{tag}: positions with margin above the greedy margin", above, 0.5, "fraction",
+                     "fewer than half the greedy steps comparable"),
+        ]  # fmt: skip
+        for m, v in mut.items():
+            if v == 0.0:  # the mutated piece does not run at this prompt length (no selection)
+                continue
+            tg.append(at_least(f"{tag}: mutation {m}: mean NLL change / tolerance", v / tl["nll_mean"], 1.0,
+                               "ratio", "the mean tolerance misses this mistake"))  # fmt: skip
+        out["per_checkpoint"].append({"checkpoint": run["checkpoint"], "index_topk": run["index_topk"],
+                                      "tolerances": tl, "worst": worst, "mutations_nll_mean_abs": mut,
+                                      "fraction_margin_above_greedy_margin": above,
+                                      "margin_quantiles": run["margin_quantiles"]})  # fmt: skip
+        out["targets"] += [x.as_dict() for x in tg]
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,7 +20,8 @@ def test_import_loads_nothing_it_checks() -> None:
         "import json, sys\n"
         "import deepinfer_sm80.testing.oracle as o\n"
         "from deepinfer_sm80.testing.oracle import dspark, model\n"
-        "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('vllm', 'deepinfer_sm80', 'triton'))))\n"
+        "roots = ('vllm', 'deepinfer_sm80', 'triton')\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in roots)))\n"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True

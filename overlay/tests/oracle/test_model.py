@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 import sys
 from pathlib import Path
 
@@ -53,7 +52,7 @@ def base_logits(oracle: V41Oracle, prompt: list[int]) -> torch.Tensor:
 
 
 def test_bad_input_is_one_clear_error(tmp_path: Path, oracle: V41Oracle) -> None:
-    with pytest.raises(FileNotFoundError, match="no config.json"):
+    with pytest.raises(FileNotFoundError, match=r"no config\.json"):
         V41Oracle.load(tmp_path)
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
     with pytest.raises(ValueError, match="model_type 'llama'"):

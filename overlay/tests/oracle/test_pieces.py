@@ -112,14 +112,15 @@ def test_boundary_pieces_hand_cases() -> None:
     )  # the model's entry selects stream 0 = the embedding
     assert ((post > 0) & (post < 2)).all() and (pre > 1e-6).all() and (pre < 1 + 1e-6 + 1e-7).all()
     # the broadcast projection equals projecting the 4 equal streams (same mixes up to rounding)
-    post2, comb2, _, pre2 = mhc.boundary(rr, p, None, _cfg())
+    _, comb2, _, pre2 = mhc.boundary(rr, p, None, _cfg())
     assert torch.allclose(pre, pre2, atol=1e-5) and torch.allclose(comb, comb2, atol=1e-5), seed_note(name)
 
 
 # ----------------------------------------------------------------------------- RoPE
 def test_rope_identity_at_zero_inverse_and_plain_table() -> None:
-    t = {"rope_theta": 10000, "max_position_embeddings": 64, "compress_rope_theta": 160000,
-         "rope_scaling": {"factor": 16, "original_max_position_embeddings": 4, "beta_fast": 32, "beta_slow": 1}}  # fmt: skip
+    scaling = {"factor": 16, "original_max_position_embeddings": 4, "beta_fast": 32, "beta_slow": 1}
+    t = {"rope_theta": 10000, "max_position_embeddings": 64, "compress_rope_theta": 160000}
+    t["rope_scaling"] = scaling
     plain, yarn = rope.cos_sin_table(t, False), rope.cos_sin_table(t, True)
     assert plain.shape == (64, 64) and yarn.shape == (64, 64)
     i = torch.arange(32, dtype=torch.float32)

@@ -5,6 +5,21 @@ anything of deepinfer_sm80 outside this package (tests/oracle/test_independence.
 """
 
 from .model import V41Oracle
-from .tolerance import GREEDY_MARGIN, NLL_MEAN_TOL, NLL_TOKEN_TOL
+from .tolerance import (
+    GREEDY_MARGIN,
+    GREEDY_MARGIN_SELECTING,
+    NLL_MEAN_TOL,
+    NLL_MEAN_TOL_SELECTING,
+    NLL_TOKEN_TOL,
+    tolerances,
+)
 
-__all__ = ["GREEDY_MARGIN", "NLL_MEAN_TOL", "NLL_TOKEN_TOL", "V41Oracle"]
+__all__ = [
+    "GREEDY_MARGIN",
+    "GREEDY_MARGIN_SELECTING",
+    "NLL_MEAN_TOL",
+    "NLL_MEAN_TOL_SELECTING",
+    "NLL_TOKEN_TOL",
+    "V41Oracle",
+    "tolerances",
+]
