@@ -17,16 +17,19 @@ from typing import Any
 import torch
 
 
-def tolerances() -> tuple[float, float, float]:
-    """(mean NLL, per-token logprob, greedy margin) tolerances, from the oracle package."""
-    from deepinfer_sm80.testing import oracle
+def tolerances(oracle: Any, n_tokens: int) -> tuple[float, float, float]:
+    """(mean NLL, per-token logprob, greedy margin) tolerances for a prompt of n_tokens, from the
+    oracle package's `tolerances(text_config, n_tokens)` (the selecting ones once the indexer selects)."""
+    from deepinfer_sm80.testing import oracle as pkg
 
-    return float(oracle.NLL_MEAN_TOL), float(oracle.NLL_TOKEN_TOL), float(oracle.GREEDY_MARGIN)
+    text = getattr(oracle, "t", None) or oracle.oracle.t
+    tol = pkg.tolerances(text, n_tokens)
+    return float(tol["nll_mean"]), float(tol["nll_token"]), float(tol["greedy_margin"])
 
 
 def compare_case(oracle: Any, result: dict[str, Any]) -> dict[str, Any]:
     """`result`: one prompt of a worker case (prompt, tokens, prompt_logprobs)."""
-    nll_tol, token_tol, margin_tol = tolerances()
+    nll_tol, token_tol, margin_tol = tolerances(oracle, len(result["prompt"]))
     prompt: list[int] = result["prompt"]
     tokens: list[int] = result["tokens"]
     seq = prompt + tokens
