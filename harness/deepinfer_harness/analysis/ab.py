@@ -236,8 +236,8 @@ def _components(cell: CellRuns, reps: list[int], seed: int) -> dict[str, float |
 
 
 def _nll_pair(reader: RunReader, cell_id: str, a: tuple[str, int], b: tuple[str, int]) -> dict[str, Any]:
-    def load(v: tuple[str, int]) -> dict:
-        return {r.index: r for r in reader.records(RunKey(cell_id, *v)) if r.prompt_logprobs}
+    def load(v: tuple[str, int]) -> dict:  # measured documents only (the warm-up is not a document)
+        return {r.index: r for r in reader.measured_ok(RunKey(cell_id, *v)) if r.prompt_logprobs}
 
     ra, rb = load(a), load(b)
     diffs, doc_diffs, agree, total = [], [], 0, 0
