@@ -88,7 +88,7 @@ harness_s=$(( $(date +%s) - t ))
 step "result JSON"
 .venv/bin/python scripts/image_smoke_result.py --log "$OUT/smoke.log" --docker "$DOCKER" \
     --images "$NAME:baseline,$NAME:deepinfer" --base-made "$base_made" \
-    --phases "base image (debootstrap + import when absent)=$base_s,make image (both targets, wall)=$build_s,labels + vllm serve --help + ray per image=$checks_s,harness --dry-run commands=$harness_s:$harness_status" \
+    --phases "base image (debootstrap + import when absent)=$base_s,make image (both targets; wall)=$build_s,labels + vllm serve --help + ray per image=$checks_s,harness --dry-run commands=$harness_s:$harness_status" \
     --out "results/image-smoke-<cache>.json"
 [ "$harness_status" = ok ] || die "the harness's --dry-run commands failed against the tags (log above)"
 echo "image-smoke: passed in ${build_s} s of build"

@@ -94,6 +94,9 @@ def main(argv: list[str] | None = None) -> int:
     for item in args.phases.split(","):
         name, _, value = item.partition("=")
         seconds, _, status = value.partition(":")
+        if not seconds.isdigit():  # a "," inside a phase name split it (the smoke at 4ac35c9 did)
+            print(f"image_smoke_result: --phases item {item!r} is not NAME=SECONDS[:STATUS]", file=sys.stderr)
+            return 2
         phases.append({"name": name, "seconds": float(seconds), "status": status or "ok"})
     cached = sum(int(s["steps_cached"]) for s in stages)  # type: ignore[call-overload]
     cache = "cold" if args.base_made == "1" and cached == 0 else "cached"

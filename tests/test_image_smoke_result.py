@@ -39,3 +39,13 @@ def test_no_buildkit_lines_is_a_one_line_error(tmp_path, capsys):
                    "--out", str(tmp_path / "o.json")])  # fmt: skip
     assert rc == 2 and "no BuildKit plain-progress steps" in capsys.readouterr().err
     assert not (tmp_path / "o.json").exists()
+
+
+def test_a_phase_split_by_a_comma_is_a_one_line_error(tmp_path, capsys):
+    log = tmp_path / "smoke.log"
+    log.write_text(LOG)
+    out = tmp_path / "o.json"
+    argv = ["--log", str(log), "--images", "x:baseline", "--base-made", "0", "--out", str(out),
+            "--phases", "make image (both targets, wall)=12"]  # fmt: skip
+    assert isr.main(argv) == 2
+    assert "--phases item" in capsys.readouterr().err and not out.exists()
