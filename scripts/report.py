@@ -368,7 +368,84 @@ def render_ab_pairs(res: Results, args: dict[str, str]) -> str:
     return f"{span} pairs per cell" + (f", below the {need} a CI needs" if below else "")
 
 
+def _secs(wall: float | None, cpu: float | None) -> str:
+    return "–" if wall is None else f"{wall:.0f} / {cpu:.0f} s" if cpu is not None else f"{wall:.0f} s"
+
+
+def render_e2e_cases(res: Results, args: dict[str, str]) -> str:
+    """`make e2e-cpu`'s JSON: a row per engine, level, case and prompt: engine start and case times
+    (wall / CPU), the tokens, the oracle's agreement, the NLL shift (engine - oracle, mean ± SE, z)
+    and the per-token spread of the engine against the oracle's own order- and fp32-mode noise."""
+    doc = res.json(_need(args, "file"))
+    out = []
+    for eng in doc.get("engines", []):
+        for level, lv in eng.get("levels", {}).items():
+            start = lv.get("start", {})
+            for i, case in enumerate(lv.get("cases", [])):
+                for j, (p, o) in enumerate(zip(case["prompts"], case.get("oracle", []), strict=False)):
+                    first = i == 0 and j == 0
+                    same = o["generated"] == o["oracle_top1"]
+                    agree = (
+                        "same"
+                        if same
+                        else f"{o['greedy_mismatches']} of {o['greedy_compared']} above margin differ"
+                    )
+                    sd = o.get("noise_sd", {})
+                    shift = (
+                        "–"
+                        if o.get("nll_shift") is None
+                        else f"{o['nll_shift']:+.3f} ± {o['nll_shift_se']:.3f} (z {o['nll_shift_z']:+.1f})"
+                    )
+                    spread = " / ".join(
+                        "–" if sd.get(k) is None else f"{sd[k]:.2f}" for k in ("engine", "order", "fp32")
+                    )
+                    out.append(
+                        [
+                            f"{eng['name']} / {level}" if first else "",
+                            _secs(start.get("wall_s"), start.get("cpu_s")) if first else "",
+                            f"{case['name']} ({o['prompt_tokens']})",
+                            _secs(case.get("wall_s"), case.get("cpu_s")),
+                            " ".join(map(str, p["tokens"])),
+                            f"{agree} ({', '.join(f'{m:.2f}' for m in o['oracle_margins'])})",
+                            shift,
+                            spread,
+                            num(o.get("max_token_logprob_abs_diff")),
+                        ]
+                    )
+    if not out:
+        raise ReportError(f"results/{args['file']}: no engine cases with an oracle comparison")
+    header = [
+        "engine / level",
+        "start (wall / CPU)",
+        "case (prompt tokens)",
+        "case (wall / CPU)",
+        "tokens",
+        "oracle top-1 (margins)",
+        "NLL shift, nats/token",
+        "per-token SD: engine / order / fp32",
+        "max token Δ",
+    ]
+    return table(header, out)
+
+
+def render_e2e_summary(res: Results, args: dict[str, str]) -> str:
+    """`N targets: M met, K open (names), F failed; wall W s` of an e2e JSON."""
+    doc = res.json(_need(args, "file"))
+    targets = doc.get("targets", [])
+    if not targets:
+        raise ReportError(f"results/{args['file']}: no targets")
+    met = sum(t["met"] for t in targets)
+    opened = [t["name"] for t in targets if not t["met"] and "open" in t]
+    failed = [t["name"] for t in targets if not t["met"] and "open" not in t]
+    text = f"{len(targets)} targets: {met} met, {len(opened)} open, {len(failed)} failed"
+    if failed:
+        text += " (" + ", ".join(f"`{n}`" for n in failed) + ")"
+    return text + f"; wall {doc['wall_s']:.0f} s"
+
+
 RENDERERS: dict[str, Callable[[Results, dict[str, str]], str]] = {
+    "e2e-cases": render_e2e_cases,
+    "e2e-summary": render_e2e_summary,
     "rows": render_rows,
     "grid": render_grid,
     "targets": render_targets,

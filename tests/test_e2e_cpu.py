@@ -9,6 +9,7 @@ DEEPINFER_E2E_CPU=1).
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import subprocess
@@ -16,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 PKG = ROOT / "overlay" / "deepinfer_sm80"
@@ -158,3 +160,45 @@ def test_indexer_gather_standin_reads_the_planar_pages() -> None:
         block = int(block_table[req, pos // 8])
         assert torch.equal(dst_k[row], codes[block, pos % 8])
         assert torch.equal(dst_s[row].view(torch.float32), scales[block, pos % 8].reshape(1))
+
+
+class _FixedOracle:
+    """Oracle stand-in for compare_case: fixed peaked logits per sequence (a scaled Gaussian)."""
+
+    def __init__(self, vocab: int = 64, scale: float = 8.0) -> None:
+        self.vocab, self.scale = vocab, scale
+        self.t = {"compress_ratios": [0], "num_hidden_layers": 1, "index_topk": 512}
+
+    def logits(self, token_ids: list[int]) -> torch.Tensor:
+        g = torch.Generator().manual_seed(len(token_ids))
+        return torch.randn(len(token_ids), self.vocab, generator=g) * self.scale
+
+
+def _engine_result(oracle: _FixedOracle, prompt: list[int], logit_scale: float, noise: float) -> dict:
+    logp = torch.log_softmax(oracle.logits(prompt) * logit_scale, dim=-1)
+    g = torch.Generator().manual_seed(7)
+    noises = (noise * torch.randn(len(prompt), generator=g)).tolist()
+    lp = [float(logp[i - 1, prompt[i]]) + noises[i] for i in range(1, len(prompt))]
+    return {"prompt": prompt, "tokens": [], "prompt_logprobs": lp}
+
+
+def test_shift_statistic_tells_a_systematic_error_from_noise() -> None:
+    from deepinfer_sm80.testing.e2e.compare import compare_case, shift_stats
+
+    oracle = _FixedOracle()
+    prompt = [int(i) for i in torch.randint(0, 64, (48,), generator=torch.Generator().manual_seed(3))]
+    noisy = compare_case(oracle, _engine_result(oracle, prompt, 1.0, noise=0.4))
+    scaled = compare_case(oracle, _engine_result(oracle, prompt, 1.03, noise=0.02))  # 3 % logit scale
+    print("z: noisy", noisy["nll_shift_z"], "scaled", scaled["nll_shift_z"])
+    assert abs(noisy["nll_shift_z"]) < 3.0 and scaled["nll_shift_z"] > 3.0
+    assert noisy["noise_sd"]["engine"] == pytest.approx(0.4, rel=0.35)
+    assert shift_stats([0.5, 0.5, 0.5])["z"] == math.inf and shift_stats([0.0, 0.0])["z"] == 0.0
+    assert shift_stats([0.5])["z"] is None
+
+
+def test_nll_shift_gate_is_a_failing_target() -> None:
+    from deepinfer_sm80.testing.e2e.runner import NLL_SHIFT_Z, _target
+
+    t = _target("x/prompt_nll_shift_abs_z", 4.2, NLL_SHIFT_Z, "standard errors", "max", True, "shift")
+    assert not t["met"] and t["direction"] == "<="
+    assert not _target("x", None, NLL_SHIFT_Z, "standard errors", "max", True)["met"]

@@ -132,6 +132,15 @@ def test_bench_ab_smoke_against_real_vllm(vllm, tmp_path):
             "--no-progress",
             "--run-id",
             "smoke",
+            # This test checks the pipeline, not the machine: on a loaded 2-core CI machine the
+            # host-timing rules (HOST_TIMING_RULES) invalidate cells at random, and a cell with no
+            # valid pair has no chart, so those rules are relaxed here.
+            "--set",
+            "validity.loop_lag_p99_ms=10000",
+            "--set",
+            "validity.loop_lag_max_ms=100000",
+            "--set",
+            "validity.first_request_factor=1000",
         ]
     )
     assert rc == 0

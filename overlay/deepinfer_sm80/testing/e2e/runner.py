@@ -268,13 +268,22 @@ def run_engine(level: str, engine: Engine, model: Path, work: Path, timeout: flo
 
 
 # ----------------------------------------------------------------------------- checks
-# The first engine runs on the recipe-3 checkpoint (12-token prompts) missed the argued mean-NLL
-# tolerance by 0.08-0.12 nats while every greedy token above the margin matched; the cause is not found
-# (docs/E2E_CPU.md). Such a miss stays in the JSON as `open`, and this guard gates CI instead: 64 eps,
-# below the smallest effect of a removed component on that case (no inverse RoPE 2.7, no Engram 5.3,
-# no sink 6.9 nats mean), so a lost component still fails; it cannot see fp8-KV-sized (0.3) errors.
+# The engine runs on the recipe-3 checkpoint miss the argued mean-NLL tolerance (calibrated on the
+# oracle's order-mode noise) by 0.08-0.12 nats while every greedy token above the margin matches. The
+# per-token differences spread like the oracle's fp32-mode noise, not its order-mode noise, and their
+# mean sits within 2 standard errors of zero (docs/E2E_CPU.md, "The mean-NLL gap"). Such a miss stays
+# in the JSON as `open`; two gates stand in for it:
+# - NLL_GROSS_GUARD, 64 eps: below the smallest effect of a removed component on that case (no inverse
+#   RoPE 2.7, no Engram 5.3, no sink 6.9 nats mean), so a lost component still fails;
+# - NLL_SHIFT_Z: a systematic error moves every token's NLL the same way, so its mean grows in standard
+#   errors with the prompt's length while noise does not; |z| > 3 (two-sided p ~ 0.01 at 10 degrees of
+#   freedom, the shortest prompt) is read as a shift, not noise.
 NLL_GROSS_GUARD = 64 * 2.0**-7  # 0.5 nats
-OPEN_NLL_GAP = "engine vs oracle mean prompt NLL above the argued tolerance; cause not found (issue 20)"
+NLL_SHIFT_Z = 3.0
+OPEN_NLL_GAP = (
+    "engine vs oracle mean prompt NLL above the order-mode tolerance: the engine's per-token spread is"
+    " fp32-mode-sized, the mean within NLL_SHIFT_Z standard errors (noise_sd, nll_shift_z; issue 20)"
+)
 
 
 def _target(
@@ -408,6 +417,18 @@ def oracle_targets(level: str, engine: Engine, out: dict[str, Any], oracle: Any)
                     "a regression guard far below a missing component's effect is exceeded",
                 )
             )
+            z = result["nll_shift_z"]
+            targets.append(
+                _target(
+                    f"{tag}/prompt_nll_shift_abs_z",
+                    None if z is None else abs(z),
+                    NLL_SHIFT_Z,
+                    "standard errors",
+                    "max",
+                    True,
+                    "the engine's prompt NLL is shifted from the oracle's beyond its per-token noise",
+                )
+            )
             targets.append(
                 _target(
                     f"{tag}/prompt_logprob_max_abs_diff",
@@ -439,12 +460,25 @@ class CachedOracle:
     def __init__(self, oracle: Any) -> None:
         self.oracle = oracle
         self._memo: dict[tuple[int, ...], Any] = {}
+        self._noise: dict[tuple[Any, ...], Any] = {}
 
     def logits(self, token_ids: list[int]) -> Any:
         key = tuple(token_ids)
         if key not in self._memo:
             self._memo[key] = self.oracle.logits(list(token_ids))
         return self._memo[key]
+
+    def noise_logits(self, token_ids: list[int], mode: str) -> Any:
+        """The oracle's logits with its GEMMs in another order ("order") or without bf16 activation
+        rounding ("fp32"): its own noise on this sequence, to read the engine's spread against."""
+        from deepinfer_sm80.testing.oracle import quant
+
+        key = (mode, *token_ids)
+        if key not in self._noise:
+            mode_of = {"order": quant.fp32_gemms, "fp32": quant.fp32_activations}
+            with mode_of[mode]():
+                self._noise[key] = self.oracle.logits(list(token_ids))
+        return self._noise[key]
 
 
 def _tokens(out: dict[str, Any]) -> dict[str, list[list[int]]]:
