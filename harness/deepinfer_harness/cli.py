@@ -6,6 +6,8 @@
     python -m deepinfer_harness bench-ab --profile a800x16-tp8pp2 --url A=http://h:8000 --url B=http://h:8001
     python -m deepinfer_harness bench-ab --run-id smoke-20261201T101500Z     # resume that run
     python -m deepinfer_harness report results/bench-ab/smoke
+    python -m deepinfer_harness export results/bench-ab/smoke [--format jsonl] [--out requests.csv]
+    python -m deepinfer_harness spec-greedy results/bench-ab/<spec run> results/bench-ab/<no-spec run>
     python -m deepinfer_harness charts --results results --charts charts
     python -m deepinfer_harness validate --profile ga100x6-tp2pp3 [--set topology.pp_partition=[8,12,20]]
     python -m deepinfer_harness cells --profile smoke | build-tiny-model --out DIR
@@ -261,6 +263,37 @@ def cmd_report(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    """Every request of a run as CSV or JSONL (stdout, or --out FILE)."""
+    from deepinfer_harness.analysis.export import export_requests
+
+    text = export_requests(Path(args.run_dir), args.format)
+    if args.out:
+        Path(args.out).write_text(text)
+        print(
+            f"{text.count(chr(10)) - (args.format == 'csv')} requests written to {args.out}", file=sys.stderr
+        )
+    else:
+        sys.stdout.write(text)
+    return EXIT_OK
+
+
+def cmd_spec_greedy(args: argparse.Namespace) -> int:
+    """Greedy tokens of a speculative run vs a run without speculation: exit 3 if any differs."""
+    from deepinfer_harness.analysis.export import spec_greedy
+
+    result = spec_greedy(Path(args.spec_run), Path(args.plain_run))
+    for c in result["checks"]:
+        state = "identical" if c["identical"] else f"{len(c['diverged'])} diverged, e.g. {c['diverged'][:3]}"
+        print(f"{c['cell_id']} {c['variant']}: {c['outputs_compared']} outputs compared, {state}")
+    print(f"greedy output with speculation on vs off: {result['status']}")
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    if result["status"] == "none":
+        raise ConfigError("the two runs share no greedy cell with outputs: nothing to compare")
+    return EXIT_OK if result["status"] == "ok" else EXIT_STRICT
+
+
 def cmd_charts(args: argparse.Namespace) -> int:
     from deepinfer_harness.analysis.charts import all_charts
 
@@ -360,6 +393,18 @@ def parser() -> argparse.ArgumentParser:
     s = sub.add_parser("report", aliases=["summarize"], help="re-derive a run's report from its files")
     s.add_argument("run_dir")
     s.set_defaults(fn=cmd_report)
+    e = sub.add_parser("export", help="every request of a run (timings per request) as CSV or JSONL")
+    e.add_argument("run_dir")
+    e.add_argument("--format", choices=("csv", "jsonl"), default="csv")
+    e.add_argument("--out", metavar="FILE", help="write here instead of stdout")
+    e.set_defaults(fn=cmd_export)
+    g = sub.add_parser(
+        "spec-greedy", help="greedy tokens identical with speculation on (first run) and off (second)"
+    )
+    g.add_argument("spec_run")
+    g.add_argument("plain_run")
+    g.add_argument("--out", metavar="FILE", help="also write the result JSON here")
+    g.set_defaults(fn=cmd_spec_greedy)
     c = sub.add_parser("charts", help="regenerate charts from results/ only")
     c.add_argument("--results", default="results")
     c.add_argument("--charts", default="charts")

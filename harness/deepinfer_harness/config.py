@@ -16,7 +16,8 @@ from typing import Any
 
 import yaml
 
-from deepinfer_harness.cells import DEFAULT_WORKLOAD, WORKLOADS
+from deepinfer_harness.cells import ARRIVALS, DEFAULT_WORKLOAD, WORKLOADS, format_rate
+from deepinfer_harness.lengths import length_error, max_length
 from deepinfer_harness.topology import (
     V41_KV_SHARING_GROUPS,
     illegal_boundaries,
@@ -28,6 +29,9 @@ PROFILE_DIR = Path(__file__).resolve().parent.parent / "profiles"
 VARIANTS = ("A", "B")
 SERVER_MODES = ("local", "docker", "url", "level")
 PATCH_LEVELS = ("base", "optimized")  # patch 00; patches 00+01 (deepinfer_sm80.bindings.LEVELS)
+
+
+CHAT_TEMPLATE_MARGIN = 64  # tokens the chat template may add around a user message (role markers)
 
 
 class ConfigError(ValueError):
@@ -213,6 +217,76 @@ class GreedyPlan:
         _each_positive("plan.greedy.concurrencies", self.concurrencies)
 
 
+Length = int | dict[str, float]  # an integer, {mean, std, min, max} or {min, max} (lengths.py)
+SLO_KEYS = ("ttft_ms", "tpot_ms", "e2el_ms")
+
+
+@dataclass
+class RatePlan:
+    """Open loop (vllm bench serve --request-rate): n requests per cell sent at seeded arrival times,
+    whatever the server's state; one cell per rate and arrival process, the sweep up to saturation."""
+
+    rates: list[float] = field(default_factory=list)  # requests/s; .inf = every request at t = 0
+    arrivals: list[str] = field(default_factory=lambda: ["poisson"])
+    isl: Length = 1024
+    osl: Length = 128
+    n: int = 100
+    warmup: int = 1
+    max_concurrency: int | None = None  # a cap on requests in flight (vllm bench --max-concurrency)
+    seed: int = 0
+    workload: str = DEFAULT_WORKLOAD
+
+    def __post_init__(self) -> None:
+        _workload("plan.rate.workload", self.workload)
+        for r in self.rates:
+            _require(
+                r > 0, "plan.rate.rates", self.rates, "every rate must be > 0 requests/s (.inf: all at once)"
+            )
+            try:
+                format_rate(r)
+            except ValueError as exc:
+                raise ConfigError(f"plan.rate.rates = {self.rates!r}: {exc}") from exc
+        _require(len(set(self.rates)) == len(self.rates), "plan.rate.rates", self.rates, "must not repeat")
+        for a in self.arrivals:
+            _require(a in ARRIVALS, "plan.rate.arrivals", self.arrivals, f"allowed {list(ARRIVALS)}")
+        _require(bool(self.arrivals), "plan.rate.arrivals", self.arrivals, "needs at least one")
+        for name in ("isl", "osl"):
+            error = length_error(f"plan.rate.{name}", getattr(self, name))
+            if error:
+                raise ConfigError(error)
+        _require(self.n >= 1, "plan.rate.n", self.n, "must be >= 1")
+        _require(self.warmup >= 0, "plan.rate.warmup", self.warmup, "must be >= 0")
+        if self.max_concurrency is not None:
+            _require(
+                self.max_concurrency >= 1, "plan.rate.max_concurrency", self.max_concurrency, "must be >= 1"
+            )
+
+
+@dataclass
+class ChatPlan:
+    """Chat-template prompts through /v1/chat/completions. V4.1's template turns thinking on when
+    the request leaves it unset, so a chat cell must pin it: `thinking: false` or `true`."""
+
+    isl: int = 1024
+    osl: int = 128
+    concurrencies: list[int] = field(default_factory=list)
+    n: int = 8
+    thinking: bool | None = None
+    workload: str = DEFAULT_WORKLOAD
+
+    def __post_init__(self) -> None:
+        _workload("plan.chat.workload", self.workload)
+        for name in ("isl", "osl", "n"):
+            _require(getattr(self, name) >= 1, f"plan.chat.{name}", getattr(self, name), "must be >= 1")
+        _each_positive("plan.chat.concurrencies", self.concurrencies)
+        _require(
+            self.thinking is not None or not self.concurrencies,
+            "plan.chat.thinking",
+            self.thinking,
+            "must be pinned to true or false (V4.1's template thinks when it is unset)",
+        )
+
+
 @dataclass
 class Plan:
     prefill: PrefillPlan = field(default_factory=PrefillPlan)
@@ -225,10 +299,35 @@ class Plan:
     nll: list[dict[str, int]] = field(default_factory=list)  # [{isl, docs}]
     nll_workload: str = DEFAULT_WORKLOAD
     greedy: GreedyPlan = field(default_factory=GreedyPlan)
+    rate: RatePlan = field(default_factory=RatePlan)
+    # [{prefix, isl, osl, n, c}]: n prompts of isl tokens whose first `prefix` tokens are shared
+    shared_prefix: list[dict[str, int]] = field(default_factory=list)
+    shared_prefix_workload: str = DEFAULT_WORKLOAD
+    chat: ChatPlan = field(default_factory=ChatPlan)
+    # latency percentiles every summary reports (p<q>_ttft_ms, …) and the A/B compares
+    percentiles: list[float] = field(default_factory=lambda: [50.0, 90.0, 99.0])
+    # goodput: a request counts when it meets every SLO set here (ms); reported per run and compared
+    slo: dict[str, float] = field(default_factory=dict)
     order_seed: int = 20261129
 
     def __post_init__(self) -> None:
         _workload("plan.ttft_workload", self.ttft_workload)
+        _workload("plan.shared_prefix_workload", self.shared_prefix_workload)
+        _specs("plan.shared_prefix", self.shared_prefix, ("prefix", "isl", "osl", "n", "c"), ())
+        for spec in self.shared_prefix:
+            _require(spec["prefix"] < spec["isl"], "plan.shared_prefix[].prefix", spec, "must be < isl")
+        _require(bool(self.percentiles), "plan.percentiles", self.percentiles, "needs at least one")
+        for q in self.percentiles:
+            _require(0 < q < 100, "plan.percentiles", self.percentiles, "every entry must be in (0, 100)")
+        _require(
+            len(set(self.percentiles)) == len(self.percentiles),
+            "plan.percentiles",
+            self.percentiles,
+            "must not repeat",
+        )
+        for k, v in self.slo.items():
+            _require(k in SLO_KEYS, f"plan.slo.{k}", v, f"unknown SLO; allowed {list(SLO_KEYS)}")
+            _require(v > 0, f"plan.slo.{k}", v, "must be > 0 ms")
         _workload("plan.nll_workload", self.nll_workload)
         _each_positive("plan.ttft_isls", self.ttft_isls)
         _require(self.ttft_n >= 1, "plan.ttft_n", self.ttft_n, "must be >= 1")
@@ -333,6 +432,11 @@ class Profile:
             needs.append(p.long_decode.isl + p.long_decode.osl)
         if p.greedy.concurrencies:
             needs.append(p.greedy.isl + p.greedy.osl)
+        if p.rate.rates:
+            needs.append(max_length(p.rate.isl) + max_length(p.rate.osl))
+        needs += [s["isl"] + s["osl"] for s in p.shared_prefix]
+        if p.chat.concurrencies:  # the template adds a few tokens around the message
+            needs.append(p.chat.isl + p.chat.osl + CHAT_TEMPLATE_MARGIN)
         if needs and max(needs) > self.max_model_len:
             raise ConfigError(
                 f"max_model_len {self.max_model_len} < largest ISL+OSL {max(needs)}: "
@@ -340,12 +444,16 @@ class Profile:
             )
         used = {p.prefill.workload, p.ttft_workload, p.nll_workload, p.greedy.workload}
         used |= set(p.decode.workloads) | set(p.long_decode.workloads)
+        used |= {p.rate.workload, p.shared_prefix_workload, p.chat.workload}
         if "sharegpt" in used and not self.corpus_file:
             raise ConfigError("workload sharegpt needs a corpus file: --corpus FILE (ShareGPT JSON or JSONL)")
         if self.speculative and self.speculative.get("num_speculative_tokens_per_batch_size"):
             raise ConfigError("leave num_speculative_tokens_per_batch_size unset (it changes tokens/step)")
         flags = self.serve_flags
         decode_c = [*p.decode.concurrencies, *p.long_decode.concurrencies]
+        decode_c += [s["c"] for s in p.shared_prefix] + p.chat.concurrencies
+        if p.rate.rates and p.rate.max_concurrency:
+            decode_c.append(p.rate.max_concurrency)
         if "--max-num-seqs" in flags and decode_c:
             at = flags.index("--max-num-seqs") + 1
             raw = flags[at] if at < len(flags) else None

@@ -13,8 +13,9 @@ import json
 import random
 from dataclasses import asdict, dataclass, field
 
-from deepinfer_harness.cells import Cell
+from deepinfer_harness.cells import EXTRA_FIELDS, Cell
 from deepinfer_harness.config import Profile
+from deepinfer_harness.lengths import nominal
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,9 @@ class CellDef:
 
     def definition(self) -> dict:
         data = asdict(self)
+        for name, default in EXTRA_FIELDS.items():  # unchanged hashes for the original kinds
+            if data["cell"][name] == default:
+                del data["cell"][name]
         data["cell_id"] = self.id
         return data
 
@@ -77,6 +81,21 @@ def build_cells(profile: Profile) -> list[CellDef]:
     g = p.greedy
     for c in g.concurrencies:
         cells.append(CellDef(Cell("greedy", g.isl, g.osl, c, g.workload), n=max(g.n, c), warmup=0))
+    r = p.rate
+    for arrival in r.arrivals:
+        for rate in r.rates:
+            cell = Cell("rate", nominal(r.isl), nominal(r.osl), 1, r.workload, rate, arrival)
+            params = {"isl": r.isl, "osl": r.osl, "seed": r.seed, "max_concurrency": r.max_concurrency}
+            cells.append(CellDef(cell, n=r.n, warmup=r.warmup, params=params))
+    for spec in p.shared_prefix:
+        cell = Cell(
+            "prefix", spec["isl"], spec["osl"], spec["c"], p.shared_prefix_workload, prefix=spec["prefix"]
+        )
+        cells.append(CellDef(cell, n=spec["n"]))
+    ch = p.chat
+    for c in ch.concurrencies:
+        cell = Cell("chat", ch.isl, ch.osl, c, ch.workload)
+        cells.append(CellDef(cell, n=max(ch.n, c), params={"thinking": ch.thinking}))
     ids = [c.id for c in cells]
     duplicates = {i for i in ids if ids.count(i) > 1}
     if duplicates:

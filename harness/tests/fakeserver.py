@@ -2,7 +2,10 @@
 
 It prints its port on stdout once listening. Behaviour is set with POST /fake/config (JSON):
   tokens_per_chunk (int), step_ms, ttft_ms, max_model_len, mode, fail_after_events,
-  restart_after_requests. Modes: normal | error_after_200 | truncate | nan_logprobs.
+  restart_after_requests, generation_counted, prefix_caching. Modes: normal | error_after_200 |
+  truncate | nan_logprobs. A prefix cache of 16-token blocks keyed by cache_salt feeds
+  cached_tokens and vllm:prefix_cache_{queries,hits}; /v1/chat/completions renders messages with a
+  toy template that marks thinking on (the default) or off; /detokenize writes ids as words.
 Metrics mimic vLLM's names (counters with _total and _created), so restart detection works.
 """
 
@@ -27,7 +30,9 @@ DEFAULT = {
     "restart_after_requests": -1,
     "vocab": 1000,
     "generation_counted": 1.0,  # share of generated tokens the fake's counter sees (1: all, like vLLM)
+    "prefix_caching": True,  # like vLLM's default; blocks of BLOCK tokens, keyed by cache_salt
 }
+BLOCK = 16
 
 
 class State:
@@ -47,22 +52,58 @@ class State:
             "accepted": 0,
             "requests_seen": 0,
             "per_pos": [0] * 5,
+            "cache_queries": 0,
+            "cache_hits": 0,
         }
+        self.blocks: set[int] = set()  # chained block keys seen (salt first): the prefix cache
 
 
 def _event(obj: dict) -> bytes:
     return b"data: " + json.dumps(obj).encode() + b"\n\n"
 
 
+def _cached_tokens(st: State, prompt: list[int], salt: str | None) -> int:
+    """Whole blocks of this prompt's prefix already seen with the same salt (vLLM chains block
+    hashes from the salt, so a different salt never hits); records this prompt's blocks. Each
+    block's key hashes the previous key, so a 649K-token prompt costs one pass."""
+    st.c["cache_queries"] += len(prompt)
+    if not st.cfg["prefix_caching"]:
+        return 0
+    hit, key, hitting = 0, hash(salt), True
+    for start in range(0, len(prompt) - BLOCK + 1, BLOCK):
+        key = hash((key, tuple(prompt[start : start + BLOCK])))
+        hitting = hitting and key in st.blocks
+        hit += BLOCK if hitting else 0
+        st.blocks.add(key)
+    hit = min(hit, len(prompt) - 1)  # the last token is always computed
+    st.c["cache_hits"] += max(hit, 0)
+    return max(hit, 0)
+
+
+def _render_chat(body: dict, vocab: int) -> list[int]:
+    """The fake's chat template: a marker for thinking on/off, then the user texts' word ids, so a
+    request that leaves `thinking` unset renders differently (V4.1 thinks by default)."""
+    kwargs = body.get("chat_template_kwargs") or {}
+    marker = [7, 7] if kwargs.get("thinking", True) else [8]
+    words = [w for m in body["messages"] for w in str(m["content"]).split()]
+    return [1, *marker, *(sum(map(ord, w)) % vocab for w in words), 2]
+
+
 async def completions(request: web.Request) -> web.StreamResponse:
     st: State = request.app["state"]
     body = await request.json()
     cfg = st.cfg
+    chat = request.path.endswith("/chat/completions")
+    if chat:
+        st.last_chat_kwargs = body.get("chat_template_kwargs")
+        body["prompt"] = _render_chat(body, cfg["vocab"])
+        body["max_tokens"] = body.get("max_completion_tokens", body.get("max_tokens", 16))
     st.c["requests_seen"] += 1
     if cfg["restart_after_requests"] >= 0 and st.c["requests_seen"] > cfg["restart_after_requests"]:
         st.reset_counters()
         cfg["restart_after_requests"] = -1
     prompt = body["prompt"]
+    cached = _cached_tokens(st, prompt, body.get("cache_salt")) if isinstance(prompt, list) else 0
     if not isinstance(prompt, list):
         prompt = [hash(w) % cfg["vocab"] for w in str(prompt).split()]
     max_tokens = min(body.get("max_tokens", 16), cfg["max_model_len"] - len(prompt))  # the silent clamp
@@ -72,6 +113,9 @@ async def completions(request: web.Request) -> web.StreamResponse:
     await resp.prepare(request)
     st.running += 1
     try:
+        if chat:  # vLLM's chat stream opens with a role-only chunk, before any token
+            role = {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
+            await resp.write(_event({"id": "chatcmpl-x", "choices": [role]}))
         await asyncio.sleep(cfg["ttft_ms"] / 1e3)
         sent, events, k = 0, 0, max(1, int(cfg["tokens_per_chunk"]))
         while sent < max_tokens:
@@ -84,6 +128,8 @@ async def completions(request: web.Request) -> web.StreamResponse:
                 "finish_reason": finish,
                 "token_ids": ids if body.get("return_token_ids") else None,
             }
+            if chat:
+                choice["delta"] = {"content": choice.pop("text")}
             if events == 0 and body.get("return_token_ids"):
                 choice["prompt_token_ids"] = prompt
             await resp.write(_event({"id": "cmpl-x", "choices": [choice]}))
@@ -121,7 +167,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
             "prompt_tokens": len(prompt),
             "completion_tokens": sent,
             "total_tokens": len(prompt) + sent,
-            "prompt_tokens_details": {"cached_tokens": 0},
+            "prompt_tokens_details": {"cached_tokens": cached},
         }
         steps = events - 1
         spec = {
@@ -207,6 +253,8 @@ async def metrics(request: web.Request) -> web.Response:
     lines.append("# TYPE vllm:request_success counter")
     lines.append(f'vllm:request_success_total{{{lab},finished_reason="length"}} {c["success"]}')
     counter("num_preemptions", 0)
+    counter("prefix_cache_queries", c["cache_queries"])
+    counter("prefix_cache_hits", c["cache_hits"])
     counter("spec_decode_num_drafts", c["drafts"])
     counter("spec_decode_num_draft_tokens", c["draft_tokens"])
     counter("spec_decode_num_accepted_tokens", c["accepted"])
@@ -225,8 +273,27 @@ async def metrics(request: web.Request) -> web.Response:
 async def tokenize(request: web.Request) -> web.Response:
     st: State = request.app["state"]
     body = await request.json()
+    if "messages" in body:
+        ids = _render_chat(body, st.cfg["vocab"])
+        return web.json_response({"count": len(ids), "max_model_len": st.cfg["max_model_len"], "tokens": ids})
     ids = [sum(map(ord, w)) % st.cfg["vocab"] for w in body["prompt"].split()]
     return web.json_response({"count": len(ids), "max_model_len": st.cfg["max_model_len"], "tokens": ids})
+
+
+async def reset_prefix_cache(request: web.Request) -> web.Response:
+    request.app["state"].blocks.clear()
+    return web.json_response({"success": True})
+
+
+async def detokenize(request: web.Request) -> web.Response:
+    body = await request.json()
+    return web.json_response({"prompt": " ".join(f"w{t}" for t in body["tokens"])})
+
+
+async def last_chat(request: web.Request) -> web.Response:
+    return web.json_response(
+        {"chat_template_kwargs": getattr(request.app["state"], "last_chat_kwargs", None)}
+    )
 
 
 async def configure(request: web.Request) -> web.Response:
@@ -245,6 +312,10 @@ def app() -> web.Application:
     application.router.add_post("/v1/completions", completions)
     application.router.add_get("/metrics", metrics)
     application.router.add_post("/tokenize", tokenize)
+    application.router.add_post("/detokenize", detokenize)
+    application.router.add_post("/reset_prefix_cache", reset_prefix_cache)
+    application.router.add_post("/v1/chat/completions", completions)
+    application.router.add_get("/fake/last_chat", last_chat)
     application.router.add_post("/fake/config", configure)
     application.router.add_get("/health", lambda _r: _ok(web.Response()))
     application.router.add_get("/version", lambda _r: _ok(web.json_response({"version": "0.32.0"})))

@@ -9,13 +9,14 @@ token match) come from the JSONL through the one reader.
 from __future__ import annotations
 
 import math
+import re
 import statistics
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from deepinfer_harness.analysis.metrics import METRICS, nll_of
+from deepinfer_harness.analysis.metrics import DEFAULT_PERCENTILES, METRICS, nll_of, pkey
 from deepinfer_harness.analysis.reader import RunReader
 from deepinfer_harness.analysis.stats import (
     MIN_PAIRS,
@@ -49,7 +50,27 @@ COMPARED_METRICS = {
     ],
     "nll": ["nll_mean"],
     "greedy": ["mean_tpot_ms", "median_e2el_ms"],
+    # open loop: what the server sustained at the offered rate, and what queueing did to latency
+    "rate": [
+        "request_throughput",
+        "output_throughput",
+        "median_ttft_ms",
+        "mean_tpot_ms",
+        "median_itl_ms",
+        "median_e2el_ms",
+    ],
+    "prefix": ["median_ttft_ms", "mean_tpot_ms", "median_e2el_ms", "prefix_cache_hit_rate"],
+    "chat": ["median_ttft_ms", "mean_tpot_ms", "median_itl_ms", "median_e2el_ms"],
 }
+# latencies whose selected percentiles (plan.percentiles, 50 = the median above) are compared too
+PERCENTILE_METRICS = {
+    "ttft": ["ttft"],
+    "decode": ["itl", "e2el"],
+    "rate": ["ttft", "tpot", "itl", "e2el"],
+    "prefix": ["ttft", "e2el"],
+    "chat": ["ttft", "tpot", "itl", "e2el"],
+}
+GOODPUT_METRICS = ["goodput_req_s", "slo_attainment"]  # present only when the plan sets SLOs
 Samples = dict[tuple[str, int], list[float]]
 
 
@@ -91,14 +112,22 @@ class CellRuns:
         return out
 
 
-def metrics_for(kind: str, runs: list[dict[str, Any]]) -> list[str]:
-    """The kind's fixed metrics plus per-position acceptance (the acceptance gate) when present."""
+def metrics_for(
+    kind: str, runs: list[dict[str, Any]], percentiles: tuple[float, ...] = DEFAULT_PERCENTILES
+) -> list[str]:
+    """The kind's fixed metrics, the selected percentiles of its latencies, goodput when SLOs are
+    set, and per-position acceptance (the acceptance gate) when present."""
     positions = sorted({k for r in runs for k in r if k.startswith("spec_decode_accept_p")})
-    return COMPARED_METRICS[kind] + (positions if kind == "decode" else [])
+    out = list(COMPARED_METRICS[kind])
+    for name in PERCENTILE_METRICS.get(kind, []):
+        out += [f"{pkey(q)}_{name}_ms" for q in percentiles if q != 50 and f"{pkey(q)}_{name}_ms" not in out]
+    if kind != "nll":
+        out += [m for m in GOODPUT_METRICS if any(m in r for r in runs)]
+    return out + (positions if kind == "decode" else [])
 
 
 def higher_is_better(metric: str) -> bool:
-    base = metric.removeprefix("median_").removeprefix("mean_").removeprefix("p99_")
+    base = re.sub(r"^(median_|mean_|p[\d.]+_)", "", metric)
     known = METRICS.get(base) or METRICS.get(metric)
     return known.higher_is_better if known else not metric.endswith("_ms")
 
@@ -122,8 +151,8 @@ def arm(cell: CellRuns, variant: str, metric: str) -> dict[str, Any]:
 
 
 def _quantile(metric: str) -> float | None:
-    head = metric.split("_", 1)[0]
-    return float(head[1:]) if head.startswith("p") and head[1:].isdigit() else None
+    m = re.match(r"^p(\d+(?:\.\d+)?)_", metric)
+    return float(m.group(1)) if m else None
 
 
 def compare_metric(

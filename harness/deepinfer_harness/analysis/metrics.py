@@ -40,6 +40,11 @@ METRICS = {
         Metric("spec_decode_acceptance_length", True, "1 + ΔA/ΔD from the Prometheus counters"),
         Metric("nll_mean", False, "mean over docs of mean −logprob(actual token), positions 1…n−1"),
         Metric("frontend_overhead_ms", False, "ttft − queue_time_ms − server time_to_first_token_ms"),
+        Metric("request_throughput", True, "completed requests / (last end − first send)"),
+        Metric("output_throughput", True, "output tokens / (last end − first send)"),
+        Metric("goodput_req_s", True, "requests meeting every SLO of plan.slo / (last end − first send)"),
+        Metric("slo_attainment", True, "share of measured requests meeting every SLO (failed ones do not)"),
+        Metric("prefix_cache_hit_rate", True, "Δprefix_cache_hits / Δprefix_cache_queries (tokens)"),
     ]
 }
 
@@ -129,8 +134,19 @@ def inflight_fraction(records: list[RequestRecord], target: int, t_open_ns: int,
     return at_target / span if span > 0 else 0.0
 
 
-def describe_ms(name: str, values_ns: list[float]) -> dict[str, float]:
-    """vLLM bench summary names for one latency metric, in ms."""
+DEFAULT_PERCENTILES = (50.0, 90.0, 99.0)
+
+
+def pkey(q: float) -> str:
+    """`p99`, `p99.9`: the percentile's prefix in a summary key (vllm bench serve's names)."""
+    return f"p{q:g}"
+
+
+def describe_ms(
+    name: str, values_ns: list[float], percentiles: tuple[float, ...] = DEFAULT_PERCENTILES
+) -> dict[str, float]:
+    """vLLM bench summary names for one latency metric, in ms; `percentiles` as the profile selects
+    (plan.percentiles, like vllm bench serve --metric-percentiles)."""
     ms = [v / 1e6 for v in values_ns]
     if not ms:
         return {}
@@ -138,7 +154,7 @@ def describe_ms(name: str, values_ns: list[float]) -> dict[str, float]:
         f"mean_{name}_ms": statistics.fmean(ms),
         f"median_{name}_ms": statistics.median(ms),
         f"std_{name}_ms": statistics.pstdev(ms) if len(ms) > 1 else 0.0,
-        **{f"p{q}_{name}_ms": percentile(ms, q) for q in (50, 90, 99)},
+        **{f"{pkey(q)}_{name}_ms": percentile(ms, q) for q in percentiles},
     }
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import platform
+import re
 from datetime import UTC, datetime
 from typing import Any
 
@@ -23,12 +24,13 @@ from deepinfer_harness.analysis.ab import (
     numeric_certificate,
     numerics,
 )
-from deepinfer_harness.analysis.metrics import ttft_ns
+from deepinfer_harness.analysis.metrics import DEFAULT_PERCENTILES, e2el_ns, tpot_ns, ttft_ns
 from deepinfer_harness.analysis.reader import RunReader
 from deepinfer_harness.analysis.run_summary import summary_of
 from deepinfer_harness.analysis.stats import MIN_PAIRS
 from deepinfer_harness.cells import parse_cell
 from deepinfer_harness.layout import RunKey, RunLayout, read_json, write_json
+from deepinfer_harness.records import RequestRecord
 
 RUN_COLUMNS = [
     "cell_id",
@@ -44,7 +46,16 @@ RUN_COLUMNS = [
     "nll_mean",
     "prefix_cache_queries",
     "prefix_cache_hits",
+    "prefix_cache_hit_rate",
     "server_generation_tokens",
+    "isl_mean",
+    "isl_std",
+    "osl_mean",
+    "osl_std",
+    "offered_rate",
+    "request_throughput",
+    "goodput_req_s",
+    "slo_attainment",
     "valid",
 ]
 PM = "±"  # always printed as "mean ± sd (n runs)"
@@ -119,10 +130,26 @@ def ab_line(row: dict[str, Any]) -> str:
 
 def ttft_samples(reader: RunReader, cell_id: str, keys: list[tuple[str, int]]) -> Samples:
     """Per-request client TTFT (ms) of each run's measured, successful requests."""
-    return {
-        k: [t / 1e6 for r in reader.measured_ok(RunKey(cell_id, *k)) if (t := ttft_ns(r)) is not None]
-        for k in keys
-    }
+    return latency_samples(reader, cell_id, keys, "ttft")
+
+
+def latency_samples(reader: RunReader, cell_id: str, keys: list[tuple[str, int]], name: str) -> Samples:
+    """Per-request values (ms) of one latency (ttft, tpot, e2el) of each run's measured, successful
+    requests: the inner level of the two-level percentile bootstrap."""
+
+    def values(r: RequestRecord) -> list[float]:
+        v = {"ttft": ttft_ns, "tpot": tpot_ns, "e2el": e2el_ns}[name](r)
+        return [] if v is None else [v / 1e6]
+
+    return {k: [x for r in reader.measured_ok(RunKey(cell_id, *k)) for x in values(r)] for k in keys}
+
+
+def _latency_name(metric: str) -> str | None:
+    """`p99_e2el_ms` → `e2el` for the per-request latencies, else None. ITL percentiles stay one
+    statistic per run: a decode run holds 10⁴–10⁵ gaps, and resampling them 10⁴ times would need
+    10⁹ draws per run."""
+    m = re.match(r"^p[\d.]+_(ttft|tpot|e2el)_ms$", metric)
+    return m.group(1) if m else None
 
 
 def _cells(manifest: dict[str, Any], runs: list[dict[str, Any]], parity_ok: bool) -> list[CellRuns]:
@@ -142,9 +169,11 @@ def _cells(manifest: dict[str, Any], runs: list[dict[str, Any]], parity_ok: bool
 
 def build_report(layout: RunLayout) -> dict[str, Any]:
     manifest = read_json(layout.manifest)
-    limits = manifest["profile"]["validity"]
+    plan = manifest["profile"].get("plan", {})  # runs written before these options: the defaults
+    limits = manifest["profile"]["validity"] | {k: plan[k] for k in ("percentiles", "slo") if k in plan}
     ab_cfg = manifest["profile"]["ab"]
     aa_run = bool(ab_cfg.get("aa"))
+    percentiles = tuple(plan.get("percentiles") or DEFAULT_PERCENTILES)
     reader = RunReader(layout)
     runs: list[dict[str, Any]] = []
     for key in layout.keys():
@@ -163,13 +192,10 @@ def build_report(layout: RunLayout) -> dict[str, Any]:
     for cell in cells:
         if not cell.runs:
             continue
-        for metric in metrics_for(cell.kind, list(cell.runs.values())):
+        for metric in metrics_for(cell.kind, list(cell.runs.values()), percentiles):
             delta = ab_cfg["deltas"].get(metric.removeprefix("median_").removeprefix("mean_"))
-            samples = (
-                ttft_samples(reader, cell.cell_id, list(cell.runs))
-                if (metric.startswith("p") and "ttft" in metric)
-                else None
-            )
+            name = _latency_name(metric)
+            samples = latency_samples(reader, cell.cell_id, list(cell.runs), name) if name else None
             row = compare_metric(
                 cell, metric, ab_cfg["bootstrap_resamples"], ab_cfg["seed"], delta, samples, aa_run
             )

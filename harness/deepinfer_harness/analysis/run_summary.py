@@ -13,6 +13,7 @@ from typing import Any
 
 from deepinfer_harness import SCHEMA_VERSION
 from deepinfer_harness.analysis.metrics import (
+    DEFAULT_PERCENTILES,
     describe_ms,
     e2el_ns,
     frontend_overhead_ms,
@@ -92,12 +93,12 @@ def _throughput(measured: list[RequestRecord]) -> dict[str, Any]:
     }
 
 
-def _latency(ok: list[RequestRecord]) -> dict[str, Any]:
+def _latency(ok: list[RequestRecord], qs: tuple[float, ...] = DEFAULT_PERCENTILES) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    out |= describe_ms("ttft", [v for r in ok if (v := ttft_ns(r)) is not None])
-    out |= describe_ms("tpot", [v for r in ok if (v := tpot_ns(r)) is not None])
-    out |= describe_ms("itl", [g for r in ok for g in gaps_ns(r)])
-    out |= describe_ms("e2el", [v for r in ok if (v := e2el_ns(r)) is not None])
+    out |= describe_ms("ttft", [v for r in ok if (v := ttft_ns(r)) is not None], qs)
+    out |= describe_ms("tpot", [v for r in ok if (v := tpot_ns(r)) is not None], qs)
+    out |= describe_ms("itl", [g for r in ok for g in gaps_ns(r)], qs)
+    out |= describe_ms("e2el", [v for r in ok if (v := e2el_ns(r)) is not None], qs)
     per_token = describe_ms("itl_per_token", [g for r in ok for g in itl_per_token_ns(r)])
     out |= {k: v for k, v in per_token.items() if k.startswith(("p50_", "p99_"))}
     server = [v for r in ok if (v := server_ttft_ms(r)) is not None]
@@ -144,14 +145,71 @@ def _nll(ok: list[RequestRecord]) -> dict[str, Any]:
     }
 
 
+def goodput(measured: list[RequestRecord], slo: dict[str, float], duration_s: float) -> dict[str, Any]:
+    """Requests that met every SLO set (ttft_ms, tpot_ms, e2el_ms; vllm bench serve --goodput):
+    a failed request meets none; a request without a TPOT (one token) is judged on the others."""
+    if not slo or not measured:
+        return {}
+    judge = {"ttft_ms": ttft_ns, "tpot_ms": tpot_ns, "e2el_ms": e2el_ns}
+    good = 0
+    for r in measured:
+        if not r.ok:
+            continue
+        values = {k: judge[k](r) for k in slo}
+        if all(v / 1e6 <= slo[k] if v is not None else k == "tpot_ms" for k, v in values.items()):
+            good += 1
+    return {
+        "slo": dict(slo),
+        "slo_met_requests": good,
+        "slo_attainment": good / len(measured),
+        "goodput_req_s": good / duration_s if duration_s > 0 else None,
+    }
+
+
+def realized_lengths(ok: list[RequestRecord]) -> dict[str, Any]:
+    """Mean, sd, min and max of the prompt and output lengths the server reported (a length
+    distribution's realized shape; fixed-length cells show sd 0)."""
+    out: dict[str, Any] = {}
+    for name, values in (
+        ("isl", [r.prompt_tokens for r in ok if r.prompt_tokens is not None]),
+        ("osl", [r.output_tokens for r in ok if r.output_tokens is not None]),
+    ):
+        if values:
+            out |= {
+                f"{name}_mean": statistics.fmean(values),
+                f"{name}_std": statistics.pstdev(values) if len(values) > 1 else 0.0,
+                f"{name}_min": min(values),
+                f"{name}_max": max(values),
+            }
+    return out
+
+
+def prefix_cache(d: dict[str, float], ok: list[RequestRecord]) -> dict[str, Any]:
+    """The server's prefix-cache counters (vLLM 0.32.0 v1/metrics/loggers.py: prefix_cache_queries
+    and _hits in tokens, the KV connector's external_prefix_cache_*, prompt_tokens_cached_by_source)
+    in every row, so a warm cache is visible wherever it inflates a number."""
+    queries, hits = d.get("vllm:prefix_cache_queries_total"), d.get("vllm:prefix_cache_hits_total")
+    cached = [r.cached_tokens for r in ok if r.cached_tokens is not None]
+    return {
+        "prefix_cache_queries": queries,
+        "prefix_cache_hits": hits,
+        "prefix_cache_hit_rate": hits / queries if queries and hits is not None else None,
+        "external_prefix_cache_queries": d.get("vllm:external_prefix_cache_queries_total"),
+        "external_prefix_cache_hits": d.get("vllm:external_prefix_cache_hits_total"),
+        "prompt_tokens_cached_device": d.get("vllm:prompt_tokens_cached_by_source_total{source=device}"),
+        "client_cached_tokens": sum(cached) if cached else None,
+    }
+
+
 def summarize_run(
     records: list[RequestRecord],
     facts: dict[str, Any],
     before: Snapshot,
     after: Snapshot,
     cell_id: str,
-    limits: dict[str, float],
+    limits: dict[str, Any],
 ) -> dict[str, Any]:
+    """`limits`: the validity thresholds, plus optional `percentiles` and `slo` (plan fields)."""
     cell = parse_cell(cell_id)
     d = delta(before, after)
     measured = [r for r in records if r.phase == "measure"]
@@ -168,7 +226,21 @@ def summarize_run(
         "osl": cell.osl,
         "concurrency": cell.concurrency,
     }
-    out |= _throughput(measured) | _latency(ok) | spec_decode(d)
+    qs = tuple(limits.get("percentiles") or DEFAULT_PERCENTILES)
+    out |= _throughput(measured) | _latency(ok, qs) | spec_decode(d) | realized_lengths(ok)
+    if cell.kind != "nll":
+        out |= goodput(measured, limits.get("slo") or {}, out.get("duration", 0.0))
+    if cell.kind == "rate":
+        offered = facts.get("arrivals", {}).get("offered_rate", cell.rate)
+        out |= {
+            "offered_rate": offered,
+            "arrival": cell.arrival,
+            "send_late_ms_max": facts.get("arrivals", {}).get("send_late_ms_max"),
+            # completions per second over offered arrivals: below 1 the server fell behind the rate
+            "rate_attainment": out.get("request_throughput", 0.0) / offered
+            if math.isfinite(offered)
+            else None,
+        }
     if cell.kind in ("prefill-cold", "ttft") and "server_ttft_ms" in out:
         out["prefill_tok_s"] = cell.isl / (out["server_ttft_ms"] / 1e3)
     if cell.kind in ("prefill-cold", "ttft") and "median_ttft_ms" in out:
@@ -185,13 +257,12 @@ def summarize_run(
             "window_request_steps": events,
             "ttft_under_load_ms": out.get("median_ttft_ms"),
         }
-    if cell.kind in ("decode", "greedy"):
+    if cell.kind in ("decode", "greedy", "rate", "prefix", "chat"):
         out |= _spec_steps_check(ok)
     if cell.kind == "nll":
         out |= _nll(ok)
     # prefix-cache counters in every row: a warm cache inflates throughput (cold cells must show 0)
-    out["prefix_cache_queries"] = d.get("vllm:prefix_cache_queries_total")
-    out["prefix_cache_hits"] = d.get("vllm:prefix_cache_hits_total")
+    out |= prefix_cache(d, ok)
     out["server_generation_tokens"] = d.get("vllm:generation_tokens_total")
     out["system_fingerprint"] = next((r.system_fingerprint for r in ok if r.system_fingerprint), None)
     out["metrics_delta"] = {k: v for k, v in d.items() if v and "_bucket" not in k}
@@ -200,7 +271,7 @@ def summarize_run(
     return out
 
 
-def summary_of(reader: RunReader, key: RunKey, limits: dict[str, float]) -> dict[str, Any]:
+def summary_of(reader: RunReader, key: RunKey, limits: dict[str, Any]) -> dict[str, Any]:
     """The summary of one run, recomputed from its files."""
     facts = reader.facts(key)
     summary = summarize_run(

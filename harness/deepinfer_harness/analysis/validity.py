@@ -1,6 +1,8 @@
 """Cell validity rules (harness/README.md, validity): any violation marks the run invalid; nothing is dropped.
 
-Rules checked here: failed/truncated/clamped requests, idle gate, foreign traffic, restarts,
+Rules checked here: failed/truncated/clamped requests, idle gate, foreign traffic (the server's
+generation/prompt/success counter deltas must equal what the client counted), restarts, a shared
+prefix the cache never served,
 preemptions in a decode window, coldness, event-loop lag, leftover JIT in the first request,
 in-flight share of the decode window, prompt-logprob hard failures, server death. GPU clock and
 throttle rules need nvidia-smi facts and are listed under `not_checked` when absent.
@@ -73,6 +75,11 @@ def _delta_violations(cell: Cell, measured: list[RequestRecord], d: dict[str, fl
             )
     if d.get("vllm:prompt_tokens_total", 0) != sent_prompt:
         out.append(f"Δprompt_tokens_total={d.get('vllm:prompt_tokens_total', 0):g} != {sent_prompt} sent")
+    if cell.kind == "prefix" and len(measured) > 1 and not d.get("vllm:prefix_cache_hits_total", 0):
+        out.append(
+            "shared prefix never read from the cache: Δprefix_cache_hits_total=0 over "
+            f"{len(measured)} requests (is --no-enable-prefix-caching set?)"
+        )
     if cell.kind in ("prefill-cold", "ttft"):
         by = "vllm:prompt_tokens_by_source_total{source=%s}"
         for source in ("local_cache_hit", "external_kv_transfer"):

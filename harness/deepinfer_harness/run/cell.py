@@ -20,10 +20,15 @@ from deepinfer_harness.plan import CellDef
 from deepinfer_harness.prometheus import Snapshot, parse_metrics
 from deepinfer_harness.prompts import TokenCorpus, sha256_ids
 from deepinfer_harness.records import JsonlWriter, RequestRecord
-from deepinfer_harness.run.client import completion_body, get_json, get_text, stream_completion
+from deepinfer_harness.run.client import chat_body, completion_body, get_json, get_text, stream_completion
 from deepinfer_harness.run.progress import NullBar, Progress
 
 WARMUP_INDEX_BASE = 100_000  # warmup prompts never coincide with measured ones
+
+
+def hash_text(text: str) -> int:
+    """A stable integer for a message text (its prompt_sha256 hashes these, like token ids)."""
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little")
 
 
 @dataclass
@@ -42,6 +47,9 @@ class CellContext:
     reset_prefix_cache: bool = False
     facts: dict[str, Any] = field(default_factory=dict)  # cell-level facts for <variant>.r<k>.cell.json
     violations: list[str] = field(default_factory=list)
+    # salts hash the request id and this attempt's start: a re-run attempt against a server that
+    # stayed up (url mode, resume) must not hit the prefix cache its failed attempt filled
+    nonce: int = field(default_factory=time.time_ns)
 
     @property
     def key(self) -> RunKey:
@@ -52,7 +60,7 @@ class CellContext:
     ) -> RequestRecord:
         tag = f"w{index}" if phase == "warmup" else str(index)
         request_id = f"{self.run_id}-{self.cdef.id}-{self.variant}-r{self.rep}-s{self.session}-{tag}"
-        salt = hashlib.sha256(request_id.encode()).hexdigest()[:32]
+        salt = hashlib.sha256(f"{request_id}-{self.nonce}".encode()).hexdigest()[:32]
         return RequestRecord(
             cell_id=self.cdef.id,
             variant=self.variant,
@@ -69,9 +77,18 @@ class CellContext:
         )
 
     async def stream(
-        self, index: int, phase: str, worker: int, prompt: list[int], max_tokens: int, token_ids: bool
+        self,
+        index: int,
+        phase: str,
+        worker: int,
+        prompt: list[int],
+        max_tokens: int,
+        token_ids: bool,
+        salt: str | None = None,
     ) -> RequestRecord:
+        """One streamed completion; `salt` (prefix cells) replaces the per-request cache salt."""
         rec = self.new_record(index, phase, worker, prompt, max_tokens)
+        rec.cache_salt = salt or rec.cache_salt
         body = completion_body(
             self.model,
             prompt,
@@ -82,6 +99,36 @@ class CellContext:
             token_ids=token_ids,
         )
         await stream_completion(self.http, self.base_url, body, rec, want_ids=token_ids)
+        self.writer.write(rec)
+        return rec
+
+    async def stream_chat(
+        self,
+        index: int,
+        phase: str,
+        worker: int,
+        messages: list[dict[str, str]],
+        prompt_len: int,
+        max_tokens: int,
+    ) -> RequestRecord:
+        """One streamed chat completion; `prompt_len` is the server's own count of the rendered
+        prompt (/tokenize with the same messages and kwargs), so prompt_tokens is still checked."""
+        rec = self.new_record(index, phase, worker, [], max_tokens)
+        rec.prompt_len, rec.prompt_sha256 = (
+            prompt_len,
+            sha256_ids([hash_text(m["content"]) for m in messages]),
+        )
+        body = chat_body(
+            self.model,
+            messages,
+            max_tokens,
+            salt=rec.cache_salt,
+            request_id=rec.request_id,
+            thinking=bool(self.cdef.params.get("thinking")),
+        )
+        await stream_completion(
+            self.http, self.base_url, body, rec, want_ids=True, path="/v1/chat/completions"
+        )
         self.writer.write(rec)
         return rec
 

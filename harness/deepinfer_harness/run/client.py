@@ -62,6 +62,39 @@ def completion_body(
     return body
 
 
+def chat_body(
+    model: str,
+    messages: list[dict[str, str]],
+    max_tokens: int,
+    *,
+    salt: str,
+    request_id: str,
+    thinking: bool,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """/v1/chat/completions with the same pinned sampling and length as `completion_body`, and
+    `chat_template_kwargs.thinking` set explicitly: vLLM 0.32.0's DeepSeek V4.1 tokenizer
+    (tokenizers/deepseek_v41.py) renders thinking mode whenever neither `thinking` nor
+    `enable_thinking` is in the kwargs, so an unset field would silently measure reasoning."""
+    return {
+        "model": model,
+        "messages": messages,
+        "max_completion_tokens": max_tokens,
+        "min_tokens": max_tokens,
+        "ignore_eos": True,
+        "temperature": 0.0,
+        "top_p": 1.0,
+        "top_k": -1,
+        "seed": seed,
+        "cache_salt": salt,
+        "request_id": request_id,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "return_token_ids": True,
+        "chat_template_kwargs": {"thinking": thinking},
+    }
+
+
 def _apply_event(rec: RequestRecord, obj: dict[str, Any], t_ns: int, want_ids: bool) -> None:
     if obj.get("error"):
         err = obj["error"]
@@ -77,6 +110,10 @@ def _apply_event(rec: RequestRecord, obj: dict[str, Any], t_ns: int, want_ids: b
         rec.system_fingerprint = obj.get("system_fingerprint")
     for choice in obj.get("choices") or []:
         ids = choice.get("token_ids")
+        if "delta" in choice and not ids:  # a chat stream's role-only first chunk carries no token
+            if choice.get("finish_reason"):
+                rec.finish_reason = choice["finish_reason"]
+            continue
         rec.event_times_ns.append(t_ns)
         rec.tokens_per_chunk.append(len(ids) if ids is not None else None)
         if want_ids and ids is not None:
@@ -102,8 +139,10 @@ async def stream_completion(
     body: dict[str, Any],
     rec: RequestRecord,
     want_ids: bool = False,
+    path: str = "/v1/completions",
 ) -> RequestRecord:
-    """POST a streaming completion; fills timing and usage on `rec` (errors included) and returns it."""
+    """POST a streaming completion (or chat completion, `path`); fills timing and usage on `rec`
+    (errors included) and returns it."""
     payload = json.dumps(body, separators=(",", ":")).encode()
     headers = {"Content-Type": "application/json", "X-Request-Id": rec.request_id}
     splitter = SSESplitter()
@@ -111,7 +150,7 @@ async def stream_completion(
     rec.start_time = time.time()
     rec.t_send_ns = time.perf_counter_ns()
     try:
-        async with session.post(f"{base_url}/v1/completions", data=payload, headers=headers) as resp:
+        async with session.post(f"{base_url}{path}", data=payload, headers=headers) as resp:
             rec.http_status = resp.status
             if resp.status != 200:
                 rec.error = f"http {resp.status}: {(await resp.text())[:500]}"

@@ -1,4 +1,5 @@
-"""Cell recipes (docs/AB_METHOD.md): cold prefill / TTFT, closed-loop decode, prompt-logprob NLL, greedy.
+"""Cell recipes (docs/AB_METHOD.md): cold prefill / TTFT, closed-loop decode, prompt-logprob NLL, greedy,
+open-loop request rate, shared prefix (cache on) and chat-template prompts.
 
 The runner applies the idle gate first. Each recipe only drives traffic and records raw facts
 (request JSONL, metric scrapes labelled `before`/`after`, the decode window, loop lag); every
@@ -9,11 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import time
 
+from deepinfer_harness.lengths import arrival_offsets_s, draw, stable_seed
 from deepinfer_harness.records import RequestRecord
 from deepinfer_harness.run.cell import WARMUP_INDEX_BASE, CellContext, closed_loop
-from deepinfer_harness.run.client import completion_body, prompt_logprobs
+from deepinfer_harness.run.client import completion_body, get_json, prompt_logprobs
 
 NLL_TOP_K = 1
 DECODE_EXTENSION_FACTOR = 3  # the window may grow to 3× window_s to reach min_steps
@@ -152,10 +155,126 @@ async def run_decode(ctx: CellContext) -> None:
     ctx.facts["window"] = {"t_open_ns": state.t_open_ns, "t_close_ns": t_close_ns, "t_start_ns": t_start}
 
 
+async def run_rate(ctx: CellContext) -> None:
+    """Open loop (vllm bench serve --request-rate): request i is sent at its seeded arrival time
+    whether or not earlier ones finished (at most max_concurrency in flight when set), so queueing
+    shows up in TTFT once the rate passes what the server sustains. Lengths are drawn per request
+    (lengths.py) from the same seed in both arms; the warm-up runs first, closed loop, at C = 1."""
+    cell, cdef, prm = ctx.cdef.cell, ctx.cdef, ctx.cdef.params
+    seed = stable_seed(prm.get("seed", 0), cell.id)
+    total = cdef.n + cdef.warmup
+    isls = draw(prm.get("isl", cell.isl), total, seed)
+    osls = draw(prm.get("osl", cell.osl), total, seed + 1)
+    for i in range(cdef.warmup):
+        await ctx.stream(
+            WARMUP_INDEX_BASE + i,
+            "warmup",
+            0,
+            ctx.corpus.prompt(isls[cdef.n + i], WARMUP_INDEX_BASE + i),
+            osls[cdef.n + i],
+            True,
+        )
+    offsets = arrival_offsets_s(cell.rate, cell.arrival, cdef.n, seed + 2)
+    cap = prm.get("max_concurrency")
+    gate = asyncio.Semaphore(cap) if cap else contextlib.nullcontext()
+    late_ms: list[float] = []
+    await ctx.scrape("before")
+    with ctx.bar(cdef.n) as bar:
+        t0 = time.perf_counter()
+
+        async def one(i: int) -> None:
+            await asyncio.sleep(max(0.0, t0 + offsets[i] - time.perf_counter()))
+            async with gate:
+                late_ms.append(1e3 * (time.perf_counter() - t0 - offsets[i]))
+                await ctx.stream(i, "measure", 0, ctx.corpus.prompt(isls[i], i), osls[i], True)
+            bar.update()
+
+        async with asyncio.TaskGroup() as group:  # Ctrl-C or one failure cancels every request
+            for i in range(cdef.n):
+                group.create_task(one(i))
+    await ctx.scrape("after")
+    ctx.facts["arrivals"] = {
+        "offered_rate": cell.rate,
+        "arrival": cell.arrival,
+        "schedule_s": offsets[-1] if offsets else 0.0,
+        "send_late_ms_max": max(late_ms, default=0.0),
+        "max_concurrency": cap,
+    }
+
+
+async def run_prefix(ctx: CellContext) -> None:
+    """Shared prefix, prefix cache on: every measured prompt starts with the same `prefix` ids and
+    the requests of one run share one cache salt (salts seed the block hashes), so all but the
+    first read the prefix from the cache; suffixes are disjoint windows after the prefix's text.
+    The warm-up uses its own salt (a cold prefix), so the first measured request is cold too."""
+    cell, cdef = ctx.cdef.cell, ctx.cdef
+    shared = ctx.corpus.prompt(cell.prefix, 0)
+    tail = cell.isl - cell.prefix
+    skip = -(-cell.prefix // tail) + 1  # suffix windows start past the prefix's own window
+
+    def prompt(i: int) -> list[int]:
+        return shared + ctx.corpus.prompt(tail, skip + i)
+
+    run_salt = hashlib.sha256(
+        f"{ctx.run_id}-{cell.id}-{ctx.key.tag}-s{ctx.session}-{ctx.nonce}".encode()
+    ).hexdigest()[:32]
+    await ctx.stream(WARMUP_INDEX_BASE, "warmup", 0, prompt(WARMUP_INDEX_BASE), cell.osl, True)
+    await ctx.scrape("before")
+    with ctx.bar(cdef.n) as bar:
+        jobs = [
+            lambda w, i=i: ctx.stream(i, "measure", w, prompt(i), cell.osl, True, salt=run_salt)
+            for i in range(cdef.n)
+        ]
+        await closed_loop(jobs, cell.concurrency, on_done=lambda _r: bar.update())
+    await ctx.scrape("after")
+    ctx.facts["shared_prefix"] = {"prefix_tokens": cell.prefix, "salt": run_salt}
+
+
+async def run_chat(ctx: CellContext) -> None:
+    """Chat-template prompts: each user message is the text of one corpus window (/detokenize), the
+    rendered prompt's length is the server's (/tokenize with the same messages and kwargs), and the
+    request pins V4.1's thinking mode (chat_body)."""
+    cell, cdef = ctx.cdef.cell, ctx.cdef
+    kwargs = {"thinking": bool(cdef.params.get("thinking"))}
+    prepared: list[tuple[list[dict[str, str]], int]] = []
+    for i in [*range(cdef.n), WARMUP_INDEX_BASE]:
+        text = (
+            await get_json(
+                ctx.http,
+                f"{ctx.base_url}/detokenize",
+                "POST",
+                {"model": ctx.model, "tokens": ctx.corpus.prompt(cell.isl, i)},
+            )
+        )["prompt"]
+        messages = [{"role": "user", "content": text}]
+        body = {
+            "model": ctx.model,
+            "messages": messages,
+            "add_generation_prompt": True,
+            "chat_template_kwargs": kwargs,
+        }
+        count = (await get_json(ctx.http, f"{ctx.base_url}/tokenize", "POST", body))["count"]
+        prepared.append((messages, count))
+    warm_messages, warm_len = prepared.pop()
+    await ctx.stream_chat(WARMUP_INDEX_BASE, "warmup", 0, warm_messages, warm_len, cell.osl)
+    await ctx.scrape("before")
+    with ctx.bar(cdef.n) as bar:
+        jobs = [
+            lambda w, i=i: ctx.stream_chat(i, "measure", w, prepared[i][0], prepared[i][1], cell.osl)
+            for i in range(cdef.n)
+        ]
+        await closed_loop(jobs, cell.concurrency, on_done=lambda _r: bar.update())
+    await ctx.scrape("after")
+    ctx.facts["chat"] = {"chat_template_kwargs": kwargs}
+
+
 RECIPES = {
     "prefill-cold": run_prefill,
     "ttft": run_prefill,
     "decode": run_decode,
     "nll": run_nll,
     "greedy": run_greedy,
+    "rate": run_rate,
+    "prefix": run_prefix,
+    "chat": run_chat,
 }

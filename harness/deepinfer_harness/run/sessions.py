@@ -23,6 +23,7 @@ from deepinfer_harness.analysis.reader import RunReader
 from deepinfer_harness.analysis.run_summary import summary_of
 from deepinfer_harness.config import Profile
 from deepinfer_harness.layout import RunKey, RunLayout, write_json
+from deepinfer_harness.lengths import max_length
 from deepinfer_harness.manifest import model_fingerprint, record_session, recorded_sessions
 from deepinfer_harness.plan import CellDef, Session
 from deepinfer_harness.records import JsonlWriter
@@ -59,16 +60,26 @@ def corpus_needs(cells: list[CellDef]) -> dict[str, int]:
     """Per workload, the largest prompt any cell of the plan sends (tokens)."""
     needs: dict[str, int] = {}
     for c in cells:
-        needs[c.cell.workload] = max(needs.get(c.cell.workload, 0), c.cell.isl)
+        largest = max_length(c.params["isl"]) if c.cell.kind == "rate" else c.cell.isl
+        needs[c.cell.workload] = max(needs.get(c.cell.workload, 0), largest)
     return needs
+
+
+def inflight_cap(cdef: CellDef) -> int:
+    """Most requests a cell has in flight: its C, or for an open-loop cell its cap or every request
+    (the connector must never queue a request the schedule sent: that would time the client)."""
+    if cdef.cell.kind == "rate":
+        return cdef.params.get("max_concurrency") or cdef.n
+    return cdef.cell.concurrency
 
 
 def corpus_path(profile: Profile) -> Path | None:
     return Path(profile.corpus_file).expanduser() if profile.corpus_file else None
 
 
-def limits_of(profile: Profile) -> dict[str, float]:
-    return asdict(profile.validity)
+def limits_of(profile: Profile) -> dict[str, Any]:
+    """Validity thresholds plus the summary options the plan selects (percentiles, SLOs)."""
+    return asdict(profile.validity) | {"percentiles": profile.plan.percentiles, "slo": profile.plan.slo}
 
 
 def resume_plan(layout: RunLayout, sessions: list[Session], cells: list[CellDef]) -> dict[str, list[RunKey]]:
@@ -174,7 +185,7 @@ async def run_session(
     `record` is called with the session's provenance as soon as it is known (before the first
     cell) and again at the end, so an interrupted run keeps what each finished run was measured on."""
     todo = [c for c in cells if not layout.finished(RunKey(c.id, session.variant, session.rep))]
-    async with make_session(max(c.cell.concurrency for c in cells) + 2, profile.read_timeout_s) as http:
+    async with make_session(max(map(inflight_cap, cells)) + 2, profile.read_timeout_s) as http:
         facts = await collect_variant(http, handle, opts.served_model)
         if record:
             record(facts)
@@ -327,8 +338,14 @@ def dry_run_lines(
         if not concurrent:
             lines.append(launch.describe())
         for c in cells:
+            load = (
+                f"open loop {c.cell.rate:g}/s {c.cell.arrival}, ≤{inflight_cap(c)} in flight"
+                if c.cell.kind == "rate"
+                else f"C={c.cell.concurrency}"
+            )
+            route = "/v1/chat/completions" if c.cell.kind == "chat" else "/v1/completions"
             lines.append(
-                f"  client: {c.id} → POST {launch.base_url}/v1/completions "
-                f"(C={c.cell.concurrency}, n={c.n}, def {c.definition_sha256[:12]})"
+                f"  client: {c.id} → POST {launch.base_url}{route} "
+                f"({load}, n={c.n}, def {c.definition_sha256[:12]})"
             )
     return lines
