@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import random
 from dataclasses import asdict, dataclass, field
 
@@ -84,6 +85,8 @@ def build_cells(profile: Profile) -> list[CellDef]:
     r = p.rate
     for arrival in r.arrivals:
         for rate in r.rates:
+            if math.isinf(rate) and arrival != r.arrivals[0]:
+                continue  # all at once: the arrival process makes no difference
             cell = Cell("rate", nominal(r.isl), nominal(r.osl), 1, r.workload, rate, arrival)
             params = {"isl": r.isl, "osl": r.osl, "seed": r.seed, "max_concurrency": r.max_concurrency}
             cells.append(CellDef(cell, n=r.n, warmup=r.warmup, params=params))

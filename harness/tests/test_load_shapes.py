@@ -81,8 +81,9 @@ def test_good_load_shapes_validate_and_name_their_cells(capsys):
     args = ["cells", "--profile", "smoke"] + [x for s in sets for x in ("--set", s)]
     assert main(args) == 0
     ids = {line.split("\t")[0] for line in capsys.readouterr().out.splitlines()}
-    assert {"rate-i256-o32-r0p5-poisson", "rate-i256-o32-rinf-constant", "rate-i256-o32-r4-poisson"} <= ids
+    assert {"rate-i256-o32-r0p5-poisson", "rate-i256-o32-rinf-poisson", "rate-i256-o32-r4-constant"} <= ids
     assert {"prefix-i256-p192-o16-c4", "chat-i128-o16-c1"} <= ids
+    assert "rate-i256-o32-rinf-constant" not in ids  # all at once: one cell, whatever the arrivals
 
 
 def test_length_draws_are_seeded_bounded_and_shaped():
@@ -128,6 +129,21 @@ def _rec(i, ttft_ms, step_ms, n, ok=True):
         prompt_tokens=16 + i,
         error=None if ok else "http 500",
     )
+
+
+def test_saturation_is_where_the_achieved_rate_falls_behind():
+    from deepinfer_harness.analysis.report import rate_sweep
+
+    def run(rate, achieved, variant="A"):
+        cell = f"rate-i16-o4-r{str(rate).replace('.', 'p')}-poisson"
+        return {"kind": "rate", "cell_id": cell, "variant": variant, "validity": {"valid": True}} | {
+            "request_throughput": achieved
+        }
+
+    sweep = rate_sweep([run(1, 1.0), run(2, 1.95), run(4, 3.0), run(8, 3.1), run(2, 1.0, "B")])
+    a = next(s for s in sweep if s["variant"] == "A")
+    assert a["saturated_at"] == 4 and [p["offered_rate"] for p in a["points"]] == [1, 2, 4, 8]
+    assert next(s for s in sweep if s["variant"] == "B")["saturated_at"] == 2
 
 
 def test_goodput_counts_requests_meeting_every_slo():
@@ -218,6 +234,9 @@ def test_shapes_pipeline_export_and_spec_greedy(fake, tmp_path, capsys):
     rows = {(r["cell_id"], r["metric"]) for r in read_json(layout.ab)["rows"]}
     assert {("rate-i40-o6-r200-poisson", m) for m in ("p95_e2el_ms", "p95_itl_ms", "goodput_req_s")} <= rows
     assert ("chat-i24-o4-c1", "median_ttft_ms") in rows
+    sweeps = {(x["variant"], x["arrival"]): x for x in summary["rate_sweep"]}
+    assert [p["offered_rate"] for p in sweeps[("A", "poisson")]["points"]] == [200.0, float("inf")]
+    assert "## Open-loop rate sweep" in (layout.root / "ab.md").read_text()
     header = (layout.root / "runs.csv").read_text().splitlines()[0].split(",")
     assert {"prefix_cache_hits", "isl_std", "goodput_req_s"} <= set(header)
 

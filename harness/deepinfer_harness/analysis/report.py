@@ -229,6 +229,7 @@ def build_report(layout: RunLayout) -> dict[str, Any]:
         "certificate_lines": certificate_lines(ab["numeric_certificate"]),
     }
     summary["acceptance_by_workload"] = acceptance_by_workload(runs)
+    summary["rate_sweep"] = rate_sweep(runs)
     summary["targets"] = targets(summary, parity)
     write_json(layout.summary, summary)
     write_tables(layout, runs, ab, summary)
@@ -322,6 +323,57 @@ def acceptance_by_workload(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             vals = groups.get((workload, v), [])
             row[v] = {"mean": sum(vals) / len(vals) if vals else None, "runs": len(vals)}
         out.append(row)
+    return out
+
+
+SATURATION = 0.9  # completions per second below 90 % of the offered rate: the server fell behind
+
+
+def rate_sweep(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The open-loop sweep per arrival process and arm, by offered rate (valid runs, means over
+    reps): achieved request rate, goodput, median TTFT and TPOT, and the saturation point — the
+    lowest offered rate whose achieved rate stays below SATURATION × offered."""
+    groups: dict[tuple[str, str, str, float], list[dict[str, Any]]] = {}
+    for r in runs:
+        if r.get("kind") == "rate" and r["validity"]["valid"]:
+            cell = parse_cell(r["cell_id"])
+            groups.setdefault((cell.arrival, cell.workload, r["variant"], cell.rate), []).append(r)
+
+    def mean(rows: list[dict[str, Any]], key: str) -> float | None:
+        vals = [x[key] for x in rows if isinstance(x.get(key), int | float) and math.isfinite(x[key])]
+        return sum(vals) / len(vals) if vals else None
+
+    out = []
+    for arrival, workload, variant in sorted({k[:3] for k in groups}):
+        points = []
+        for rate in sorted(k[3] for k in groups if k[:3] == (arrival, workload, variant)):
+            rows = groups[(arrival, workload, variant, rate)]
+            points.append(
+                {
+                    "offered_rate": rate,
+                    "runs": len(rows),
+                    "request_throughput": mean(rows, "request_throughput"),
+                    "goodput_req_s": mean(rows, "goodput_req_s"),
+                    "median_ttft_ms": mean(rows, "median_ttft_ms"),
+                    "mean_tpot_ms": mean(rows, "mean_tpot_ms"),
+                }
+            )
+        behind = [
+            p["offered_rate"]
+            for p in points
+            if math.isfinite(p["offered_rate"])
+            and p["request_throughput"] is not None
+            and p["request_throughput"] < SATURATION * p["offered_rate"]
+        ]
+        out.append(
+            {
+                "arrival": arrival,
+                "workload": workload,
+                "variant": variant,
+                "points": points,
+                "saturated_at": min(behind) if behind else None,
+            }
+        )
     return out
 
 
@@ -468,6 +520,20 @@ def write_tables(
         for w in summary.get("acceptance_by_workload", [])
     ] or ["(no valid decode run)"]
     text += [""]
+    if summary.get("rate_sweep"):
+        text += ["## Open-loop rate sweep", ""]
+        for sweep in summary["rate_sweep"]:
+            sat = sweep["saturated_at"]
+            text += [
+                f"- {sweep['variant']} {sweep['arrival']} ({sweep['workload']}): "
+                + ", ".join(
+                    f"{p['offered_rate']:g}/s → {fmt(p['request_throughput'])}/s"
+                    + (f" (goodput {fmt(p['goodput_req_s'])}/s)" if p["goodput_req_s"] is not None else "")
+                    for p in sweep["points"]
+                )
+                + (f"; below {SATURATION:.0%} of the offered rate from {sat:g}/s" if sat else "")
+            ]
+        text += [""]
     text += ["## Numeric parity certificate", ""]
     text += certificate_lines(ab["numeric_certificate"]) or ["(no NLL or greedy cell)"]
     text += [""]
