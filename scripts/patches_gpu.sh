@@ -13,7 +13,7 @@ mkdir -p "$OUT_DIR" "$SITE" "$TREE"
 export PYTHONPATH="$PWD/overlay:$SITE:$TREE${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 export DEEPINFER_KERNEL_TRACE="$OUT_DIR/launches.jsonl"
 python3 -c 'import torch, triton; p = torch.cuda.get_device_properties(0); print(f"{p.name} sm_{p.major}{p.minor} | torch {torch.__version__} | triton {triton.__version__}")' | tee "$OUT_DIR/device.txt"
-python3 -m pytest -q -p no:cacheprovider -p deepinfer_sm80.integration.kernel_trace -rs \
+python3 -m pytest -q -p no:cacheprovider -p deepinfer_sm80.testing.kernel_trace -rs \
   overlay/tests/ops/test_compress_insert.py overlay/tests/ops/test_engram.py overlay/tests/ops/test_o_proj.py \
   overlay/tests/integration/test_pack_seq.py overlay/tests/integration/test_sm8x_attention.py \
   -k "${PATCHES_GPU_K:-upstream or topk512 or front}" --junitxml="$OUT_DIR/patches-gpu-tests.xml" 2>&1 | tee "$OUT_DIR/patches-gpu-tests.log" | tail -40

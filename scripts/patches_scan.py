@@ -56,7 +56,7 @@ def trace(path: Path, tests: tuple[str, ...], **extra_env: str) -> None:
             "-p",
             "no:cacheprovider",
             "-p",
-            "deepinfer_sm80.integration.kernel_trace",
+            "deepinfer_sm80.testing.kernel_trace",
             *tests,
         ],
         cwd=ROOT,
@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         path = Path(tmp) / "launches.jsonl"
         trace(path, DRIVERS)
         trace(path, PRODUCTION, DEEPINFER_KERNEL_TRACE_ONLY="1")
-        from deepinfer_sm80.integration.kernel_trace import compile_trace
+        from deepinfer_sm80.testing.kernel_trace import compile_trace
 
         launches = len(set(path.read_text().splitlines()))
         rows = compile_trace(path)

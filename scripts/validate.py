@@ -219,7 +219,7 @@ def step_gpu_tests(ctx: dict) -> dict:
 
 def step_replication_gpu(ctx: dict) -> dict:
     code, out = run(
-        [sys.executable, "-m", "deepinfer_sm80.integration.pp.gpu_roundtrip", "--out", str(ctx["out"])], 900
+        [sys.executable, "-m", "deepinfer_sm80.testing.pp.gpu_roundtrip", "--out", str(ctx["out"])], 900
     )
     result = json.loads((ctx["out"] / "pp_roundtrip.json").read_text()) if code in (0, 1) else {}
     if code != 0:

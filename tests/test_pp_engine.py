@@ -26,11 +26,11 @@ from vllm.config import CacheConfig, VllmConfig, set_current_vllm_config
 from vllm.sequence import IntermediateTensors
 
 from deepinfer_sm80.integration.pp import engine as E
-from deepinfer_sm80.integration.pp import rig as R
 from deepinfer_sm80.integration.pp.plan import ENV_PARTITION, PartitionError
 from deepinfer_sm80.integration.pp.topology import v41_flash_fields
 from deepinfer_sm80.ops.kv_quant_insert import quantize_and_insert_ref
 from deepinfer_sm80.ops.pp_records import IKV_FORMAT, scatter_records_ref
+from deepinfer_sm80.testing.pp import rig as R
 
 BLOCKS, BLOCK = 24, R.BLOCK_TOKENS
 

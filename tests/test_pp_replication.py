@@ -1,6 +1,6 @@
 """Pipeline replication across processes over gloo: the producing stage writes, the next replicates.
 
-integration/pp/dist_roundtrip.py: one process per pipeline stage of the real V4.1 topology. Per step
+testing/pp/dist_roundtrip.py: one process per pipeline stage of the real V4.1 topology. Per step
 each receives the payload next to stand-ins for upstream's `hidden_states` / `pre_mix` (point-to-point
 sends into preallocated buffers), writes its replicas, runs its producers (the real 584-byte V4
 record encoder for compressed KV, e4m3 + fp32 for indexer K) and sends on; the producer's pages come
@@ -20,7 +20,7 @@ if (
 ):  # before deepinfer_sm80.ops defines its kernels (as overlay/tests/conftest.py)
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from deepinfer_sm80.integration.pp.dist_roundtrip import run_case
+from deepinfer_sm80.testing.pp.dist_roundtrip import run_case
 
 
 def test_two_processes_14_14_12(tmp_path: Path) -> None:

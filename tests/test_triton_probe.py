@@ -20,7 +20,7 @@ PROBE = textwrap.dedent(
         vllm.platforms.vllm_version_matches_substr = lambda s: False
     from triton.backends import backends
     before = set(backends)
-    from deepinfer_sm80.integration.kernel_trace import enable_vllm_triton_without_gpu
+    from deepinfer_sm80.testing.kernel_trace import enable_vllm_triton_without_gpu
     enable_vllm_triton_without_gpu()
     from vllm.triton_utils import importing
     assert set(backends) == before, sorted(set(backends) ^ before)

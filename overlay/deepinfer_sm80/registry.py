@@ -39,6 +39,20 @@ class CompileSpec:
             raise ValueError(f"{self.name}: {sorted(missing)} not in the signature")
 
 
+@dataclass(frozen=True)
+class TileLangSpec:
+    """One TileLang kernel at one compile-time configuration.
+
+    `kernel` is "package.module:attr" of a `tilelang.jit` function; `params` its compile-time
+    (non-tensor) arguments. `upstream=True` marks vLLM's own kernels (compiled with vLLM's flags).
+    """
+
+    name: str
+    kernel: str
+    params: dict[str, Any] = field(default_factory=dict)
+    upstream: bool = False
+
+
 def kernel_modules(package: str = OPS_PACKAGE, attr: str = "COMPILE_SPECS") -> tuple[str, ...]:
     """Every module under `package` that defines `attr` (COMPILE_SPECS or TILELANG_SPECS), in walk order."""
     root = importlib.import_module(package)
@@ -52,7 +66,7 @@ def all_specs(package: str = OPS_PACKAGE) -> Iterator[CompileSpec]:
         yield from importlib.import_module(module_name).COMPILE_SPECS
 
 
-def tilelang_specs(package: str = OPS_PACKAGE) -> Iterator[Any]:
-    """TileLang kernels (`testing.tilelang_compile.TileLangSpec`), ours and the upstream ones we launch."""
+def tilelang_specs(package: str = OPS_PACKAGE) -> Iterator[TileLangSpec]:
+    """TileLang kernels (`TileLangSpec`), ours and the upstream ones we launch."""
     for module_name in kernel_modules(package, "TILELANG_SPECS"):
         yield from importlib.import_module(module_name).TILELANG_SPECS

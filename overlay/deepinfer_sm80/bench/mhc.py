@@ -16,7 +16,6 @@ import torch
 from deepinfer_sm80.ops.mhc import boundary as bd
 from deepinfer_sm80.ops.mhc import reference as ref
 from deepinfer_sm80.ops.mhc import splits
-from deepinfer_sm80.ops.mhc.inputs import V41_PARAMS, boundary_inputs
 from deepinfer_sm80.testing.bench import (
     Ceilings,
     Row,
@@ -27,6 +26,7 @@ from deepinfer_sm80.testing.bench import (
     summarize,
     time_graph,
 )
+from deepinfer_sm80.testing.cases.mhc import V41_PARAMS, boundary_inputs
 from deepinfer_sm80.testing.compare import MismatchError, assert_close
 
 HIDDEN = 5120
@@ -172,7 +172,9 @@ def sweep(num_tokens: int, ceilings: Ceilings) -> list[dict[str, object]]:
         ("epilogue", bd.epilogue_params(HIDDEN, c.n_splits, 4 * HIDDEN, (*SCALARS, P.norm_eps), True))
         for c in cfgs
     ]
-    bd._kernels().compile_many(jobs, 16)
+    from deepinfer_sm80.ops.mhc import jit
+
+    jit.compile_many(jobs, 16)
     sets = _sets(f"bench-sweep-T{num_tokens}", num_tokens)
     out = []
     for cfg in cfgs:

@@ -22,7 +22,7 @@ _NOTED: list[bool] = []
 
 def startup_notes(capability: int | None, level: str) -> list[str]:
     """What the SM8x path does differently from upstream's FlashMLA path, unmeasured (issue 22 item 8)."""
-    from deepinfer_sm80.testing.budgets import REPORT_BUDGETS
+    from deepinfer_sm80.device import REPORT_BUDGETS
 
     notes = []
     if level == "base":

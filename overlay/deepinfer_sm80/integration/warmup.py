@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 from deepinfer_sm80 import bindings
+from deepinfer_sm80.device import sm_count
 
 LOG = logging.getLogger("deepinfer_sm80")
 INT_CLASS_VALUES = (1, 16, 17)  # Triton's int specialization: ==1 constant, %16 == 0 'D', else none
@@ -161,7 +162,7 @@ def register_layer(layer: Any, vllm_config: Any) -> None:
             float(config.rms_norm_eps), float(config.hc_eps), float(config.hc_eps), 2.0,
             int(config.hc_sinkhorn_iters), float(config.rms_norm_eps),
         )  # fmt: skip  # upstream's mapping (nvidia/model.py DeepseekV4DecoderLayer)
-        sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+        sms = sm_count(torch.cuda.current_device())
         JitWarmupRegistry.register(
             OVERLAY_WARMUP, mhc=(int(layer.max_num_batched_tokens), int(config.hidden_size), sms, eps)
         )

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from deepinfer_sm80.testing.shapes import V41
+from deepinfer_sm80.formats.v41 import V41
 
 E8M0 = getattr(torch, "float8_e8m0fnu", None)
 

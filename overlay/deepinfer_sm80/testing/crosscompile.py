@@ -15,8 +15,8 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+from deepinfer_sm80.device import HW_FP8_ARCH, REPORT_BUDGETS, max_ctas_per_sm, over_budget
 from deepinfer_sm80.registry import CompileSpec
-from deepinfer_sm80.testing.budgets import HW_FP8_ARCH, REPORT_BUDGETS, max_ctas_per_sm, over_budget
 
 _RES_LINE = re.compile(r"REG:(\d+)\s+STACK:(\d+)\s+SHARED:(\d+)\s+LOCAL:(\d+)")
 

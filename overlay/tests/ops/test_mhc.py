@@ -14,7 +14,7 @@ import torch
 
 from deepinfer_sm80.ops.mhc import reference as ref
 from deepinfer_sm80.ops.mhc import splits
-from deepinfer_sm80.ops.mhc.inputs import V41_PARAMS, boundary_inputs
+from deepinfer_sm80.testing.cases.mhc import V41_PARAMS, boundary_inputs
 from deepinfer_sm80.testing.compare import assert_bitwise_equal, assert_close, assert_within_ulps
 from deepinfer_sm80.testing.gates import requires_cuda
 from deepinfer_sm80.testing.inputs import generator, seed_note

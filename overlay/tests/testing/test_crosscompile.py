@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from deepinfer_sm80.testing.budgets import REPORT_BUDGETS, SM80, SM86, max_ctas_per_sm, over_budget
+from deepinfer_sm80.device import REPORT_BUDGETS, SM80, SM86, max_ctas_per_sm, over_budget
 
 
 def _run(args, tmp_path=None):

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import deepinfer_sm80
 from deepinfer_sm80.bench import bench_modules
+from deepinfer_sm80.device import BUDGETS
 from deepinfer_sm80.registry import all_specs, kernel_modules, tilelang_specs
-from deepinfer_sm80.testing.budgets import BUDGETS
 
 REPORT = Path(__file__).resolve().parents[3] / "results" / "sm80-compile.json"
 

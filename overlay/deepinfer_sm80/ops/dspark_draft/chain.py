@@ -11,12 +11,12 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cache
 
 import torch
 import triton
 import triton.language as tl
 
+from deepinfer_sm80.device import sm_count
 from deepinfer_sm80.ops.dspark_draft.kernel import NUM_WARPS, block_best, round_to_bf16
 from deepinfer_sm80.ops.dspark_draft.reference import SAMPLE_BLOCK
 from deepinfer_sm80.registry import CompileSpec
@@ -294,18 +294,13 @@ class ChainScratch:
         )
 
 
-@cache
-def _sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
 def resident_programs(device: torch.device, blocks: int) -> int:
     """One program per SM at most (all resident, so the spin barrier cannot wait on an unscheduled
     program); under the interpreter programs run one after another, so exactly one."""
     if device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
         return 1
     return max(
-        1, min(blocks, _sm_count(device.index if device.index is not None else torch.cuda.current_device()))
+        1, min(blocks, sm_count(device.index if device.index is not None else torch.cuda.current_device()))
     )
 
 

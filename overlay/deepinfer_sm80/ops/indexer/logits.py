@@ -14,6 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
+from deepinfer_sm80.device import sm_count as device_sm_count
 from deepinfer_sm80.formats.indexer_k import CODE_BYTES, INDEX_DIM, check_k_cache
 from deepinfer_sm80.registry import CompileSpec
 
@@ -341,16 +342,11 @@ def decode_variant() -> tuple[bool, int]:
     return DECODE_VARIANTS[name]
 
 
-_SM_COUNT: dict[str, int] = {}
-
-
 def sm_count(device: torch.device) -> int:
+    """The device's SM count; 4 under the interpreter (CPU tensors), for the tiling heuristic only."""
     if device.type != "cuda":
         return 4
-    key = str(device)
-    if key not in _SM_COUNT:
-        _SM_COUNT[key] = torch.cuda.get_device_properties(device).multi_processor_count
-    return _SM_COUNT[key]
+    return device_sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
 def decode_tiles(rows: int, width: int, device: torch.device) -> int:

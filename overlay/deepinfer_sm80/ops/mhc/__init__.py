@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from deepinfer_sm80.ops.mhc import splits
 from deepinfer_sm80.ops.mhc.boundary import epilogue_params, partials_job, partials_params
-from deepinfer_sm80.testing.tilelang_compile import TileLangSpec
+from deepinfer_sm80.registry import TileLangSpec
 
 _OURS = "deepinfer_sm80.ops.mhc.kernels"
 _UPSTREAM = "vllm.model_executor.kernels.mhc.tilelang_kernels"

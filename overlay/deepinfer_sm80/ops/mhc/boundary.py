@@ -6,10 +6,9 @@ Each boundary is two launches: split-h partials (post-map, collapse, projection)
 
 from __future__ import annotations
 
-from functools import cache
-
 import torch
 
+from deepinfer_sm80.device import sm_count
 from deepinfer_sm80.ops.mhc import splits
 from deepinfer_sm80.ops.mhc.reference import HC_MULT, MIX_SLOTS
 
@@ -17,15 +16,10 @@ EPILOGUE_THREADS = splits.EPILOGUE_COLUMNS // 8
 POST_THREADS, POST_VEC = 128, 8  # 1024 columns per CTA, 16-byte loads
 
 
-@cache
-def sm_count(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
+def _jit():  # imported on first launch: importing this module needs no TileLang
+    from deepinfer_sm80.ops.mhc import jit
 
-
-def _kernels():  # imported on first launch: importing this module needs no TileLang
-    from deepinfer_sm80.ops.mhc import kernels
-
-    return kernels
+    return jit
 
 
 def _check(name: str, t: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype) -> None:
@@ -96,8 +90,8 @@ def _boundary(
     part_sq = torch.empty(cfg.n_splits, num_tokens, dtype=torch.float32, device=dev)
     part_ysq = torch.empty_like(part_sq)
     one = residual.new_empty(1, hc, hidden)  # placeholders for arguments a variant never reads
-    kernels = _kernels()
-    partials = kernels.compiled(
+    jit = _jit()
+    partials = jit.compiled(
         *partials_job(hidden, gemm_width, has_post, pre_mix is not None, capture_aux, cfg)
     )
     partials(
@@ -114,7 +108,7 @@ def _boundary(
         part_sq,
         part_ysq,
     )
-    epilogue = kernels.compiled(
+    epilogue = jit.compiled(
         "epilogue",
         epilogue_params(hidden, cfg.n_splits, gemm_width, eps, norm_weight is not None),
     )
@@ -308,7 +302,7 @@ def mhc_post_tilelang(
     out = torch.empty_like(residual)
     if num_tokens == 0:
         return out
-    kernel = _kernels().compiled("post", (("hidden", hidden), ("n_thr", POST_THREADS), ("vec", POST_VEC)))
+    kernel = _jit().compiled("post", (("hidden", hidden), ("n_thr", POST_THREADS), ("vec", POST_VEC)))
     kernel(comb_res_mix, residual, post, x, out)
     return out
 
@@ -326,7 +320,7 @@ def warmup(
     aux mean, the engram-style pre with a carried pre-mix, and the final post; nvcc runs in
     `max_workers` parallel jobs. Returns the kernel count.
     """
-    kernels = _kernels()
+    jit = _jit()
     jobs: list[tuple[str, tuple[tuple[str, object], ...]]] = []
     for gemm_width, has_post, use_pre, aux in (
         (hidden, False, False, False),
@@ -341,5 +335,5 @@ def warmup(
         for rms_numel in (hidden, HC_MULT * hidden):
             jobs.append(("epilogue", epilogue_params(hidden, n_splits, rms_numel, eps, True)))
     jobs.append(("post", (("hidden", hidden), ("n_thr", POST_THREADS), ("vec", POST_VEC))))
-    kernels.compile_many(jobs, max_workers)
+    jit.compile_many(jobs, max_workers)
     return len(jobs)

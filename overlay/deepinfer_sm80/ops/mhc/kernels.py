@@ -7,8 +7,6 @@ Imported only where TileLang is installed; the split selector and the reference 
 
 from __future__ import annotations
 
-from typing import Any
-
 import tilelang
 import tilelang.language as T
 
@@ -445,33 +443,3 @@ def mhc_post_kernel(
         for j in T.unroll(hc):
             for v in T.vectorized(vec):
                 out[t, j, h0 + v] = rb[j * vec + v]
-
-
-_JITS = {"partials": mhc_partials_kernel, "epilogue": mhc_epilogue_kernel, "post": mhc_post_kernel}
-_COMPILED: dict[tuple[str, tuple[tuple[str, Any], ...]], Any] = {}
-
-
-def _jits() -> dict[str, Any]:
-    if "partials_tc" not in _JITS:  # kernels_tc imports this module: bound on first use
-        from deepinfer_sm80.ops.mhc.kernels_tc import mhc_partials_tc_kernel
-
-        _JITS["partials_tc"] = mhc_partials_tc_kernel
-    return _JITS
-
-
-def compiled(kernel_name: str, params: tuple[tuple[str, Any], ...]) -> Any:
-    """One compiled kernel per (kernel, compile-time parameters), kept for the process."""
-    key = (kernel_name, params)
-    kernel = _COMPILED.get(key)
-    if kernel is None:
-        kernel = _COMPILED[key] = _jits()[kernel_name].compile(**dict(params))
-    return kernel
-
-
-def compile_many(jobs: list[tuple[str, tuple[tuple[str, Any], ...]]], num_workers: int) -> None:
-    """Compile the missing jobs with TileLang's par_compile (serial elaboration, parallel nvcc)."""
-    for kernel_name, jit in _jits().items():
-        missing = list(dict.fromkeys(p for n, p in jobs if n == kernel_name and (n, p) not in _COMPILED))
-        if missing:
-            built = jit.par_compile([dict(p) for p in missing], num_workers=num_workers)
-            _COMPILED.update({(kernel_name, p): k for p, k in zip(missing, built, strict=True)})

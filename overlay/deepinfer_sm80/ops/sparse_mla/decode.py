@@ -6,7 +6,6 @@ read device values on the host, so they capture in CUDA graphs. The heuristics a
 
 from __future__ import annotations
 
-import functools
 import math
 import os
 from dataclasses import dataclass
@@ -14,6 +13,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
+from deepinfer_sm80.device import sm_count
 from deepinfer_sm80.formats.fp8_ds_mla import NOPE_DIM, RECORD_BYTES, ROPE_DIM
 from deepinfer_sm80.ops.sparse_mla.decode_kernels import _decode_kernel, _partial_base_kernel, _reduce_kernel
 from deepinfer_sm80.ops.sparse_mla.tiles import HEAD_DIM
@@ -82,14 +82,9 @@ def variant_from_env(work: int = 0, sms: int = 108) -> Variant:
     return VARIANTS[name]
 
 
-@functools.cache
-def multi_processor_count(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
 def _sm_count(device: torch.device) -> int:
     # the interpreter (CPU tensors) has no SM count: 108 = A100/A800 (docs/MODEL.md), for the heuristics only
-    return multi_processor_count(device.index or 0) if device.type == "cuda" else 108
+    return sm_count(device.index or 0) if device.type == "cuda" else 108
 
 
 def base_num_splits(num_queries: int, heads_blocks: int, avg_main: float, avg_extra: float, sms: int) -> int:

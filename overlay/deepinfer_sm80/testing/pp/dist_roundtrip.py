@@ -1,11 +1,11 @@
 """Replication across processes: one pipeline stage per process, gloo on CPU or NCCL on GPUs.
 
-    python -m deepinfer_sm80.integration.pp.dist_roundtrip --backend nccl --out DIR      # 2 GPUs
-    python -m deepinfer_sm80.integration.pp.dist_roundtrip --backend gloo --out DIR      # CPU
+    python -m deepinfer_sm80.testing.pp.dist_roundtrip --backend nccl --out DIR      # 2 GPUs
+    python -m deepinfer_sm80.testing.pp.dist_roundtrip --backend gloo --out DIR      # CPU
 
 Per step each process receives the payload next to stand-ins for upstream's `hidden_states` /
 `pre_mix` (point-to-point sends into preallocated buffers, key order fixed, as vLLM's PP receive),
-writes its replicas, runs its producers and sends on (integration/pp/rig.py). The producer also sends
+writes its replicas, runs its producers and sends on (testing/pp/rig.py). The producer also sends
 its cache pages on a separate test channel and the consumer compares them byte for byte. Cases: the
 stages 1 -> 2 of 14,14,12 and 0 -> 1 of 26,14 (a ratio-1 consumer without an index source of its own
 reads top-k over the boundary); with --time, the send/recv time of payload + hidden states against
@@ -42,10 +42,10 @@ def _worker(
     backend: str,
     timing: bool,
 ) -> None:
-    from deepinfer_sm80.integration.pp import rig as R
     from deepinfer_sm80.integration.pp.plan import build_plan
     from deepinfer_sm80.integration.pp.topology import Topology, v41_flash_fields
     from deepinfer_sm80.ops import pp_records as P
+    from deepinfer_sm80.testing.pp import rig as R
 
     device = torch.device(f"cuda:{proc}") if backend == "nccl" else torch.device("cpu")
     if device.type == "cuda":
@@ -170,7 +170,7 @@ def run_case(
     # forkserver: one clean server process (started once, torch preloaded) forks the stages cheaply.
     method = "spawn" if backend == "nccl" else "forkserver"
     if method == "forkserver":
-        mp.set_forkserver_preload(["torch", "deepinfer_sm80.integration.pp.rig"])
+        mp.set_forkserver_preload(["torch", "deepinfer_sm80.testing.pp.rig"])
     args = (len(stages), stages, partition, str(store), str(out), fault, backend, timing)
     mp.start_processes(_worker, args=args, nprocs=len(stages), start_method=method)
     return [json.loads(Path(f"{out}.{p}").read_text()) for p in range(len(stages))]

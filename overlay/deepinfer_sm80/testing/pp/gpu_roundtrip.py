@@ -1,6 +1,6 @@
 """One-GPU replication round trip: every stage of a plan in this process, caches on the GPU.
 
-    python -m deepinfer_sm80.integration.pp.gpu_roundtrip --out DIR
+    python -m deepinfer_sm80.testing.pp.gpu_roundtrip --out DIR
 
 For 14,14,12, vLLM's default 13,14,13 and a relay split (21,5,14) on the real V4.1 topology: the rig's
 step script (chunked prefill, decode, preemption with block reuse, recompute, padded tokens) with the
@@ -23,9 +23,9 @@ from pathlib import Path
 import torch
 
 from deepinfer_sm80.integration.pp.plan import build_plan
-from deepinfer_sm80.integration.pp.rig import run_in_process
 from deepinfer_sm80.integration.pp.topology import Topology, v41_flash_fields
 from deepinfer_sm80.ops.pp_records import CKV_FORMAT, IKV_FORMAT, gather_records, scatter_records
+from deepinfer_sm80.testing.pp.rig import run_in_process
 from deepinfer_sm80.testing.provenance import provenance
 
 PARTITIONS = ((14, 14, 12), (13, 14, 13), (21, 5, 14))

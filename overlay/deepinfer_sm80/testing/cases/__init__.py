@@ -1,0 +1,1 @@
+"""Each op's cases in one module: named shapes, the input builder, what a test or bench runs them with."""

@@ -1,0 +1,1 @@
+"""Proofs of the pipeline replication (integration/pp): the in-process rig, its CPU/GPU/NCCL round trips."""

@@ -1,0 +1,77 @@
+"""The verification rig stands above the shipped code: nothing under ops/, formats/ or integration/ (nor
+the binding table, the registry or the device facts) imports `deepinfer_sm80.testing`, at module level
+or inside a function. An AST scan, so a lazy import counts too."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "deepinfer_sm80"
+SHIPPED = ("ops", "formats", "integration")
+SHIPPED_MODULES = ("bindings.py", "registry.py", "device.py", "__init__.py")
+RIG = "deepinfer_sm80.testing"
+
+
+def shipped_files() -> list[Path]:
+    files = [p for d in SHIPPED for p in sorted((PACKAGE / d).rglob("*.py"))]
+    files += [PACKAGE / name for name in SHIPPED_MODULES if (PACKAGE / name).exists()]
+    files += sorted((PACKAGE / "bindings").rglob("*.py")) if (PACKAGE / "bindings").is_dir() else []
+    return files
+
+
+def rig_imports(source: str, module: str) -> list[str]:
+    """`module`'s imports of the rig, as 'line: dotted name' (relative imports resolved against `module`)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = module.split(".")[: -node.level]
+                base = ".".join([*parent, base] if base else parent)
+            names = [base] + [f"{base}.{alias.name}" for alias in node.names]
+        found += [f"{node.lineno}: {n}" for n in names if n == RIG or n.startswith(RIG + ".")]
+    return sorted(set(found))
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(PACKAGE.parent).with_suffix("")
+    parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+    return ".".join(parts)
+
+
+def test_scan_sees_the_shipped_tree():
+    files = shipped_files()
+    assert any(f.parent.name == "ops" for f in files) and any(f.parent.name == "integration" for f in files)
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "from deepinfer_sm80.testing.shapes import V41",
+        "import deepinfer_sm80.testing.inputs",
+        "def f():\n    from deepinfer_sm80.testing import budgets\n",
+        "from deepinfer_sm80 import testing",
+    ],
+)
+def test_scan_finds_a_rig_import(source):
+    assert rig_imports(source, "deepinfer_sm80.ops.x")
+
+
+def test_scan_resolves_relative_imports():
+    assert rig_imports("from ..testing import inputs", "deepinfer_sm80.ops.x")
+    assert not rig_imports("from .kernels import x", "deepinfer_sm80.ops.mhc.jit")
+
+
+def test_shipped_code_does_not_import_the_rig():
+    bad = {}
+    for path in shipped_files():
+        hits = rig_imports(path.read_text(), module_name(path))
+        if hits:
+            bad[str(path.relative_to(PACKAGE))] = hits
+    assert not bad, f"shipped modules import the verification rig: {bad}"
