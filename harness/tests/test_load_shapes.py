@@ -131,16 +131,22 @@ def _rec(i, ttft_ms, step_ms, n, ok=True):
     )
 
 
-def test_saturation_is_where_the_achieved_rate_falls_behind():
+def test_saturation_is_where_the_run_outlasts_its_schedule():
     from deepinfer_harness.analysis.report import rate_sweep
+    from deepinfer_harness.analysis.run_summary import rate_attainment
 
-    def run(rate, achieved, variant="A"):
+    # kept up: the last request ends one median E2EL after the last arrival
+    assert rate_attainment(10.0, 500.0, 10.5) == 1.0
+    assert rate_attainment(10.0, 500.0, 21.0) == 0.5  # a 10.5 s queue built up
+    assert rate_attainment(0.0, 500.0, 3.0) is None  # rate inf: no schedule
+
+    def run(rate, attainment, variant="A"):
         cell = f"rate-i16-o4-r{str(rate).replace('.', 'p')}-poisson"
         return {"kind": "rate", "cell_id": cell, "variant": variant, "validity": {"valid": True}} | {
-            "request_throughput": achieved
+            "rate_attainment": attainment
         }
 
-    sweep = rate_sweep([run(1, 1.0), run(2, 1.95), run(4, 3.0), run(8, 3.1), run(2, 1.0, "B")])
+    sweep = rate_sweep([run(1, 1.0), run(2, 0.97), run(4, 0.6), run(8, 0.3), run(2, 0.5, "B")])
     a = next(s for s in sweep if s["variant"] == "A")
     assert a["saturated_at"] == 4 and [p["offered_rate"] for p in a["points"]] == [1, 2, 4, 8]
     assert next(s for s in sweep if s["variant"] == "B")["saturated_at"] == 2

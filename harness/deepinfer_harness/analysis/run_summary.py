@@ -166,6 +166,18 @@ def goodput(measured: list[RequestRecord], slo: dict[str, float], duration_s: fl
     }
 
 
+def rate_attainment(
+    schedule_s: float | None, median_e2el_ms: float | None, duration_s: float | None
+) -> float | None:
+    """How well an open-loop run kept up: (schedule span + median E2EL) / (first send → last end).
+    A server that keeps up finishes about one typical request after the last arrival (≈ 1); one
+    that falls behind builds a queue, and the run outlasts the schedule by it (→ below 1). Not
+    defined at rate inf (no schedule) or without a latency."""
+    if not schedule_s or median_e2el_ms is None or not duration_s:
+        return None
+    return (schedule_s + median_e2el_ms / 1e3) / duration_s
+
+
 def realized_lengths(ok: list[RequestRecord]) -> dict[str, Any]:
     """Mean, sd, min and max of the prompt and output lengths the server reported (a length
     distribution's realized shape; fixed-length cells show sd 0)."""
@@ -231,15 +243,17 @@ def summarize_run(
     if cell.kind != "nll":
         out |= goodput(measured, limits.get("slo") or {}, out.get("duration", 0.0))
     if cell.kind == "rate":
-        offered = facts.get("arrivals", {}).get("offered_rate", cell.rate)
+        arrivals = facts.get("arrivals", {})
+        offered = arrivals.get("offered_rate", cell.rate)
+        span_s = arrivals.get("schedule_s")
         out |= {
             "offered_rate": offered,
             "arrival": cell.arrival,
-            "send_late_ms_max": facts.get("arrivals", {}).get("send_late_ms_max"),
-            # completions per second over offered arrivals: below 1 the server fell behind the rate
-            "rate_attainment": out.get("request_throughput", 0.0) / offered
-            if math.isfinite(offered)
-            else None,
+            "schedule_s": span_s,
+            # the rate the seeded schedule actually offered (a Poisson draw is not exactly R)
+            "realized_rate": (len(measured) - 1) / span_s if span_s else None,
+            "send_late_ms_max": arrivals.get("send_late_ms_max"),
+            "rate_attainment": rate_attainment(span_s, out.get("median_e2el_ms"), out.get("duration")),
         }
     if cell.kind in ("prefill-cold", "ttft") and "server_ttft_ms" in out:
         out["prefill_tok_s"] = cell.isl / (out["server_ttft_ms"] / 1e3)
