@@ -37,7 +37,7 @@ import urllib.request
 from pathlib import Path
 
 from deepinfer_harness.cells import format_cell
-from deepinfer_harness.config import ConfigError, Profile, load_profile
+from deepinfer_harness.config import ConfigError, Profile, load_profile, parse_numerics
 from deepinfer_harness.layout import RunLayout
 from deepinfer_harness.manifest import DefinitionMismatch, finalize_manifest, foreign_host, init_manifest
 from deepinfer_harness.plan import abba_schedule, build_cells, session_order
@@ -257,8 +257,11 @@ def cmd_report(args: argparse.Namespace) -> int:
     root = Path(args.run_dir)
     if not (root / "manifest.json").exists():
         raise ConfigError(f"{root} is not a run directory (no manifest.json)")
-    summary = build_report(RunLayout(root))
+    numerics = parse_numerics(args.numerics) if args.numerics is not None else None
+    summary = build_report(RunLayout(root), numerics)
     print("\n".join(summary["ab_lines"]))
+    for line in summary.get("certificate_lines", []):
+        print(line, file=sys.stderr)
     print(headline(summary), file=sys.stderr)
     return EXIT_OK
 
@@ -392,6 +395,13 @@ def parser() -> argparse.ArgumentParser:
     b.set_defaults(fn=cmd_bench_ab)
     s = sub.add_parser("report", aliases=["summarize"], help="re-derive a run's report from its files")
     s.add_argument("run_dir")
+    s.add_argument(
+        "--numerics",
+        metavar="YAML",
+        help="judge the numeric certificate by these tolerances instead of the ones the run declared "
+        "(e.g. '{nll_doc_z: 3.0, nll_doc_abs: 0.5, greedy_match: 1.0}'); the certificate records "
+        "that they were given after the run",
+    )
     s.set_defaults(fn=cmd_report)
     e = sub.add_parser("export", help="every request of a run (timings per request) as CSV or JSONL")
     e.add_argument("run_dir")

@@ -8,6 +8,7 @@ change the measurement (e.g. max_model_len below ISL + OSL, which clamps max_tok
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -342,8 +343,10 @@ class AB:
     seed: int = 0
     deltas: dict[str, float] = field(default_factory=lambda: {"decode_tok_s": 0.02, "ttft_ms": 0.03})
     # the numeric parity certificate's tolerances, declared before the run (docs/AB_METHOD.md):
-    # nll_doc_abs = largest |NLL_B − NLL_A| per document (nats/token), greedy_match = least share of
-    # prompts whose greedy tokens are identical; unset: reported, not decided
+    # nll_doc_abs = largest |NLL_B − NLL_A| per document (nats/token), nll_doc_z = largest
+    # per-document |z| = |mean of NLL_B,t − NLL_A,t| / (its SD/√positions), greedy_match = least
+    # share of prompts whose greedy tokens are identical; every declared one must hold; unset:
+    # reported, not decided
     numerics: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -356,9 +359,15 @@ class AB:
         )
         for k, v in self.deltas.items():
             _require(0 < v < 1, f"ab.deltas.{k}", v, "must be a relative change in (0, 1), e.g. 0.02")
-        allowed = ("nll_doc_abs", "greedy_match")
+        allowed = ("nll_doc_abs", "nll_doc_z", "greedy_match")
         for k, v in self.numerics.items():
             _require(k in allowed, f"ab.numerics.{k}", v, f"unknown tolerance; allowed {list(allowed)}")
+            _require(
+                math.isfinite(v),
+                f"ab.numerics.{k}",
+                v,
+                "must be finite (an infinite tolerance decides nothing)",
+            )
             _require(v >= 0, f"ab.numerics.{k}", v, "must be >= 0")
         _require(
             self.numerics.get("greedy_match", 0) <= 1,
@@ -613,3 +622,13 @@ def load_profile(name_or_path: str, overrides: list[str] | None = None) -> Profi
 
 def profile_dict(profile: Profile) -> dict[str, Any]:
     return dataclasses.asdict(profile)
+
+
+def parse_numerics(text: str) -> dict[str, float]:
+    """`report --numerics '{nll_doc_z: 3.0, nll_doc_abs: 0.5}'`: tolerances given after a run,
+    checked by the same schema and ranges as a profile's `ab.numerics`."""
+    value = _yaml(text, "--numerics")
+    try:
+        return _build(AB, {"numerics": value}, "ab").numerics
+    except ConfigError as exc:
+        raise ConfigError(f"--numerics: {exc}") from exc

@@ -20,6 +20,7 @@ from deepinfer_harness.analysis.metrics import DEFAULT_PERCENTILES, METRICS, nll
 from deepinfer_harness.analysis.reader import RunReader
 from deepinfer_harness.analysis.stats import (
     MIN_PAIRS,
+    MeanShift,
     NoiseFloor,
     RatioCI,
     aa_noise,
@@ -27,6 +28,7 @@ from deepinfer_harness.analysis.stats import (
     decide,
     log_ratios,
     mde,
+    mean_shift,
     pairs_needed,
     percentile,
     percentile_log_ratios,
@@ -264,12 +266,23 @@ def _components(cell: CellRuns, reps: list[int], seed: int) -> dict[str, float |
     return parts
 
 
+def _doc_dict(index: int, shift: MeanShift) -> dict[str, Any]:
+    return {
+        "index": index,
+        "positions": shift.n,
+        "dnll_mean": shift.mean,  # signed NLL_B − NLL_A, nats/token
+        "dnll_sd": shift.sd,  # per-position SD of NLL_B,t − NLL_A,t
+        "se": shift.se,
+        "z": shift.z,
+    }
+
+
 def _nll_pair(reader: RunReader, cell_id: str, a: tuple[str, int], b: tuple[str, int]) -> dict[str, Any]:
     def load(v: tuple[str, int]) -> dict:  # measured documents only (the warm-up is not a document)
         return {r.index: r for r in reader.measured_ok(RunKey(cell_id, *v)) if r.prompt_logprobs}
 
     ra, rb = load(a), load(b)
-    diffs, doc_diffs, agree, total = [], [], 0, 0
+    diffs, docs, agree, total = [], [], 0, 0
     for i in sorted(set(ra) & set(rb)):
         pa, pb = ra[i].prompt_logprobs, rb[i].prompt_logprobs
         for la, lb, ta, tb in zip(pa["lp"], pb["lp"], pa["top1"], pb["top1"], strict=False):
@@ -279,16 +292,30 @@ def _nll_pair(reader: RunReader, cell_id: str, a: tuple[str, int], b: tuple[str,
             total += 1
         na, nb = nll_of(pa["lp"]), nll_of(pb["lp"])
         if math.isfinite(na) and math.isfinite(nb):
-            doc_diffs.append(abs(na - nb))
+            # d_t = NLL_B,t − NLL_A,t = lp_A,t − lp_B,t; a document with positions of unequal count
+            # (never in a valid run: validity checks n = ISL) gets no SE
+            d = (
+                [la - lb for la, lb in zip(pa["lp"], pb["lp"], strict=True)]
+                if len(pa["lp"]) == len(pb["lp"])
+                else []
+            )
+            docs.append(_doc_dict(i, mean_shift(d, nb - na)))
     if not diffs:
         return {}
+    by_abs = max(docs, key=lambda x: abs(x["dnll_mean"]), default=None)
+    with_z = [x for x in docs if x["z"] is not None]
+    by_z = max(with_z, key=lambda x: abs(x["z"]), default=None)
     return {
         "pair": f"{a[0]}.r{a[1]}~{b[0]}.r{b[1]}",
         "dnll_abs_mean": statistics.fmean(diffs),
         "dnll_abs_p99": percentile(diffs, 99),
         "dnll_abs_max": max(diffs),
-        "doc_dnll_abs_max": max(doc_diffs) if doc_diffs else None,  # |NLL_B − NLL_A| per document
-        "docs": len(doc_diffs),
+        "doc_dnll_abs_max": abs(by_abs["dnll_mean"]) if by_abs else None,  # |NLL_B − NLL_A| per document
+        "doc_dnll_abs_max_doc": by_abs,
+        "doc_dnll_z_abs_max": abs(by_z["z"]) if by_z else None,  # |mean/SE| per document
+        "doc_dnll_z_abs_max_doc": by_z,
+        "docs": len(docs),
+        "documents": docs,
         "top1_agreement": agree / total if total else None,
     }
 
@@ -329,31 +356,43 @@ def numerics(reader: RunReader, cell: CellRuns) -> dict[str, Any]:
     }
 
 
+# The certificate's checks per cell kind: (tolerance key in ab.numerics, metric of a pair, worst
+# pair picks max or min, direction, unit, the pair's key naming the document behind the value)
+NLL_CHECKS = (
+    ("nll_doc_abs", "doc_dnll_abs_max", "<=", "nats/token", "doc_dnll_abs_max_doc"),
+    ("nll_doc_z", "doc_dnll_z_abs_max", "<=", "standard errors", "doc_dnll_z_abs_max_doc"),
+)
+GREEDY_CHECKS = (("greedy_match", "greedy_exact_match_rate", ">=", "fraction", None),)
+
+
+def _checks_for(kind: str, tolerances: dict[str, float]) -> tuple[tuple[str, str, str, str, str | None], ...]:
+    """Greedy: its one check. NLL: one check per declared NLL tolerance, all of which must hold
+    (nll_doc_z the statistical test, nll_doc_abs a gross guard); with none declared, the
+    per-document |ΔNLL| is reported undecided (the certificate is then incomplete)."""
+    if kind != "nll":
+        return GREEDY_CHECKS
+    return tuple(c for c in NLL_CHECKS if c[0] in tolerances) or NLL_CHECKS[:1]
+
+
 def numeric_certificate(numerics_rows: list[dict[str, Any]], tolerances: dict[str, float]) -> dict[str, Any]:
     """The A/B numerics claim: for every NLL cell, every A/B pair's largest per-document |ΔNLL|
-    within `nll_doc_abs` (nats/token); for every greedy cell, every A/B pair's exact-match rate at
+    within `nll_doc_abs` (nats/token) and its largest per-document |z| = |mean ΔNLL| / SE within
+    `nll_doc_z`, each where declared; for every greedy cell, every A/B pair's exact-match rate at
     least `greedy_match`. Tolerances are declared in the profile before the run (ab.numerics);
     a cell without an A/B pair makes the certificate incomplete, never ok."""
     checks: list[dict[str, Any]] = []
     for num in numerics_rows:
         kind, cell = num["kind"], num["cell_id"]
-        if kind == "nll":
-            key, goal, direction, unit = "doc_dnll_abs_max", tolerances.get("nll_doc_abs"), "<=", "nats/token"
-        else:
-            key, goal, direction, unit = (
-                "greedy_exact_match_rate",
-                tolerances.get("greedy_match"),
-                ">=",
-                "fraction",
-            )
-        values = [p[key] for p in num["ab"] if p.get(key) is not None]
-        aa = [p[key] for p in num["aa"] if p.get(key) is not None]
-        measured = (max(values) if direction == "<=" else min(values)) if values else None
-        met = None
-        if measured is not None and goal is not None:
-            met = measured <= goal if direction == "<=" else measured >= goal
-        checks.append(
-            {
+        for tolerance, key, direction, unit, doc_key in _checks_for(kind, tolerances):
+            goal = tolerances.get(tolerance)
+            pairs = [p for p in num["ab"] if p.get(key) is not None]
+            worst = (max if direction == "<=" else min)(pairs, key=lambda p: p[key], default=None)
+            measured = worst[key] if worst else None
+            aa = [p[key] for p in num["aa"] if p.get(key) is not None]
+            met = None
+            if measured is not None and goal is not None:
+                met = measured <= goal if direction == "<=" else measured >= goal
+            check = {
                 "cell_id": cell,
                 "kind": kind,
                 "metric": key,
@@ -362,10 +401,15 @@ def numeric_certificate(numerics_rows: list[dict[str, Any]], tolerances: dict[st
                 "direction": direction,
                 "unit": unit,
                 "met": met,
-                "ab_pairs": [p["pair"] for p in num["ab"] if p.get(key) is not None],
+                "ab_pairs": [p["pair"] for p in pairs],
                 "aa_values": aa,
             }
-        )
+            if doc_key is not None:
+                check["tolerance"] = tolerance
+                check["worst"] = (
+                    {"pair": worst["pair"], **worst[doc_key]} if worst and worst.get(doc_key) else None
+                )
+            checks.append(check)
     if not checks:
         status = "none"
     elif any(c["met"] is False for c in checks):
@@ -377,6 +421,21 @@ def numeric_certificate(numerics_rows: list[dict[str, Any]], tolerances: dict[st
     return {"status": status, "tolerances": tolerances, "checks": checks}
 
 
+def _signed(x: float | None, digits: int = 3) -> str:
+    return "n/a" if x is None else f"{x:+.{digits}g}"
+
+
+def worst_document(worst: dict[str, Any] | None) -> str:
+    """`doc 1 of A.r0~B.r0: ΔNLL -0.0351 ± 0.0232 (SE, 31 positions), z -1.51`."""
+    if not worst:
+        return ""
+    se = "n/a" if worst["se"] is None else f"{worst['se']:.3g}"
+    return (
+        f"doc {worst['index']} of {worst['pair']}: ΔNLL {_signed(worst['dnll_mean'])} ± {se} "
+        f"(SE, {worst['positions']} positions), z {_signed(worst['z'])}"
+    )
+
+
 def certificate_lines(cert: dict[str, Any]) -> list[str]:
     """One line per check and a verdict line, for the end of a run."""
     lines = []
@@ -384,5 +443,13 @@ def certificate_lines(cert: dict[str, Any]) -> list[str]:
         got = "n/a" if c["measured"] is None else f"{c['measured']:.4g}"
         goal = "no tolerance declared" if c["goal"] is None else f"goal {c['direction']} {c['goal']:g}"
         state = {True: "met", False: "NOT MET", None: "not decided"}[c["met"]]
-        lines.append(f"  numerics {c['cell_id']}: A/B {c['metric']} {got} {c['unit']} ({goal}): {state}")
-    return [f"numeric parity certificate: {cert['status']}", *lines] if lines else []
+        doc = worst_document(c.get("worst"))
+        lines.append(
+            f"  numerics {c['cell_id']}: A/B {c['metric']} {got} {c['unit']} ({goal}): {state}"
+            + (f" ({doc})" if doc else "")
+        )
+    after = cert.get("tolerances_declared")
+    head = f"numeric parity certificate: {cert['status']}" + (
+        f" (tolerances given {after}; the run declared {cert.get('tolerances_of_the_run')})" if after else ""
+    )
+    return [head, *lines] if lines else []

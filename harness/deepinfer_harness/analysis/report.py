@@ -167,7 +167,9 @@ def _cells(manifest: dict[str, Any], runs: list[dict[str, Any]], parity_ok: bool
     return out
 
 
-def build_report(layout: RunLayout) -> dict[str, Any]:
+def build_report(layout: RunLayout, numerics_tolerances: dict[str, float] | None = None) -> dict[str, Any]:
+    """`numerics_tolerances` replaces the run's declared `ab.numerics` (`report --numerics`); the
+    certificate then says they were given after the run."""
     manifest = read_json(layout.manifest)
     plan = manifest["profile"].get("plan", {})  # runs written before these options: the defaults
     limits = manifest["profile"]["validity"] | {k: plan[k] for k in ("percentiles", "slo") if k in plan}
@@ -204,7 +206,13 @@ def build_report(layout: RunLayout) -> dict[str, Any]:
                 ab["rows"].append(row)
         if cell.kind in ("nll", "greedy"):
             ab["numerics"].append(numerics(reader, cell))
-    ab["numeric_certificate"] = numeric_certificate(ab["numerics"], ab_cfg.get("numerics") or {})
+    if numerics_tolerances is None:
+        ab["numeric_certificate"] = numeric_certificate(ab["numerics"], ab_cfg.get("numerics") or {})
+    else:
+        ab["numeric_certificate"] = numeric_certificate(ab["numerics"], numerics_tolerances) | {
+            "tolerances_declared": "after the run (report --numerics)",
+            "tolerances_of_the_run": ab_cfg.get("numerics") or {},
+        }
     write_json(layout.ab, ab)
     missing = [f"{c.cell_id}/{m}" for c in cells for m in c.missing]
     invalid = [
@@ -427,6 +435,38 @@ def headline(summary: dict[str, Any]) -> str:
     )
 
 
+def _scalars(item: dict[str, Any]) -> dict[str, Any]:
+    """A numerics pair without its per-document detail (the table below it has that)."""
+    return {k: v for k, v in item.items() if not isinstance(v, dict | list)}
+
+
+def _document_table(num: dict[str, Any]) -> list[str]:
+    """Per document and pair: the signed mean of NLL_B,t − NLL_A,t, its SD over positions, SE and
+    z = mean/SE (the `nll_doc_z` rule), beside |mean| (the `nll_doc_abs` rule)."""
+    rows = [
+        {
+            "pair": f"{kind.upper()} {item['pair']}",
+            "doc": doc["index"],
+            "positions": doc["positions"],
+            "ΔNLL mean (B − A)": doc["dnll_mean"],
+            "SD": doc["dnll_sd"],
+            "SE": doc["se"],
+            "z": "" if doc["z"] is None else f"{doc['z']:+.3g}",  # ±inf: every position moved alike
+        }
+        for kind in ("ab", "aa")
+        for item in num[kind]
+        for doc in item.get("documents", [])
+    ]
+    if not rows:
+        return []
+    return [
+        "Per document (nats/token; z = mean / SE, SE = SD/√positions):",
+        "",
+        markdown(pd.DataFrame(rows)),
+        "",
+    ]
+
+
 def write_tables(
     layout: RunLayout, runs: list[dict[str, Any]], ab: dict[str, Any], summary: dict[str, Any]
 ) -> None:
@@ -542,5 +582,7 @@ def write_tables(
     text += [""]
     for num in ab["numerics"]:
         text += [f"## Numerics {num['cell_id']}", ""]
-        text += [f"- {kind.upper()} {item}" for kind in ("ab", "aa") for item in num[kind]] + [""]
+        text += [f"- {kind.upper()} {_scalars(item)}" for kind in ("ab", "aa") for item in num[kind]] + [""]
+        if num["kind"] == "nll":
+            text += _document_table(num)
     (layout.root / "ab.md").write_text("\n".join(text))
