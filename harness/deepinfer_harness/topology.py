@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from itertools import combinations
 
-V41_NUM_HIDDEN_LAYERS = 40
 V41_KV_SHARING_GROUPS: tuple[tuple[int, int], ...] = ((2, 7), (8, 13), (14, 19), (20, 39))
 
 

@@ -134,7 +134,18 @@ def run_cell(fake, tmp_path, cell, n=3, blocker=None, limits=LIMITS, **cdef_kw):
     async def main():
         async with make_session(cell.concurrency + 2, 60) as http:
             with JsonlWriter(path) as writer:
-                ctx = CellContext(http, fake.url, "fake", "t", "A", 0, 0, CORPUS, writer, cdef)
+                ctx = CellContext(
+                    http=http,
+                    base_url=fake.url,
+                    model="fake",
+                    run_id="t",
+                    variant="A",
+                    rep=0,
+                    session=0,
+                    corpus=CORPUS,
+                    writer=writer,
+                    cdef=cdef,
+                )
                 async with LoopLagProbe() as probe:
                     tasks = [asyncio.create_task(blocker())] if blocker else []
                     await RECIPES[cell.kind](ctx)

@@ -167,7 +167,19 @@ def test_heartbeat_lines_inside_a_cell_when_output_is_not_a_terminal(fake, tmp_p
     async def main():
         async with make_session(4, 60) as http:
             with JsonlWriter(tmp_path / "g.jsonl") as writer:
-                ctx = CellContext(http, fake.url, "fake", "run", "A", 0, 0, corpus, writer, cdef, progress)
+                ctx = CellContext(
+                    http=http,
+                    base_url=fake.url,
+                    model="fake",
+                    run_id="run",
+                    variant="A",
+                    rep=0,
+                    session=0,
+                    corpus=corpus,
+                    writer=writer,
+                    cdef=cdef,
+                    progress=progress,
+                )
                 await _run_cell(ctx)
         return ctx
 

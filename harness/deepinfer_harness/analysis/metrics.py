@@ -37,7 +37,7 @@ METRICS = {
         Metric("mean_tokens_per_chunk", True, "in-window tokens / in-window events = acceptance length seen"),
         Metric("prefill_tok_s", True, "ISL / server time_to_first_token_ms"),
         Metric("client_prefill_tok_s", True, "ISL / client TTFT"),
-        Metric("spec_decode_acceptance_length", True, "1 + ΔA/ΔD from the Prometheus counters"),
+        Metric("spec_decode_acceptance_length", True, "1 + Δaccepted tokens / Δdrafts (Prometheus counters)"),
         Metric("nll_mean", False, "mean over docs of mean −logprob(actual token), positions 1…n−1"),
         Metric("frontend_overhead_ms", False, "ttft − queue_time_ms − server time_to_first_token_ms"),
         Metric("request_throughput", True, "completed requests / (last end − first send)"),
@@ -78,18 +78,19 @@ def itl_per_token_ns(r: RequestRecord) -> list[float]:
 
 
 def stream_decode_rates(r: RequestRecord) -> dict[str, float] | None:
-    """Per request: decode_tok_s = (N − k1)/(τm − τ1) = step_rate × tokens_per_step."""
-    m, n = len(r.event_times_ns), r.output_tokens
-    if m < 2 or n is None:
+    """Per request: decode_tok_s = (N − k1)/(τm − τ1) = step_rate × tokens_per_step (the tokens
+    after the first event over the time after it; one event is one engine step)."""
+    events, tokens = len(r.event_times_ns), r.output_tokens
+    if events < 2 or tokens is None:
         return None
     span_s = (r.event_times_ns[-1] - r.event_times_ns[0]) / 1e9
-    k1 = r.tokens_per_chunk[0] or 1
+    first_event_tokens = r.tokens_per_chunk[0] or 1
     if span_s <= 0:
         return None
     return {
-        "decode_tok_s": (n - k1) / span_s,
-        "step_rate": (m - 1) / span_s,
-        "tokens_per_step": (n - k1) / (m - 1),
+        "decode_tok_s": (tokens - first_event_tokens) / span_s,
+        "step_rate": (events - 1) / span_s,
+        "tokens_per_step": (tokens - first_event_tokens) / (events - 1),
     }
 
 

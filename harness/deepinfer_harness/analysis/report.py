@@ -26,7 +26,7 @@ from deepinfer_harness.analysis.ab import (
 )
 from deepinfer_harness.analysis.metrics import DEFAULT_PERCENTILES, e2el_ns, tpot_ns, ttft_ns
 from deepinfer_harness.analysis.reader import RunReader
-from deepinfer_harness.analysis.run_summary import summary_of
+from deepinfer_harness.analysis.run_summary import limits_of, write_summary
 from deepinfer_harness.analysis.stats import MIN_PAIRS
 from deepinfer_harness.cells import parse_cell
 from deepinfer_harness.layout import RunKey, RunLayout, read_json, write_json
@@ -171,17 +171,15 @@ def build_report(layout: RunLayout, numerics_tolerances: dict[str, float] | None
     """`numerics_tolerances` replaces the run's declared `ab.numerics` (`report --numerics`); the
     certificate then says they were given after the run."""
     manifest = read_json(layout.manifest)
-    plan = manifest["profile"].get("plan", {})  # runs written before these options: the defaults
-    limits = manifest["profile"]["validity"] | {k: plan[k] for k in ("percentiles", "slo") if k in plan}
+    plan = manifest["profile"].get("plan", {})
+    limits = limits_of(manifest["profile"])
     ab_cfg = manifest["profile"]["ab"]
     aa_run = bool(ab_cfg.get("aa"))
     percentiles = tuple(plan.get("percentiles") or DEFAULT_PERCENTILES)
     reader = RunReader(layout)
     runs: list[dict[str, Any]] = []
     for key in layout.keys():
-        summary = summary_of(reader, key, limits)
-        write_json(layout.run_file(key, "summary.json"), summary)
-        runs.append(summary)
+        runs.append(write_summary(reader, key, limits))
     parity = manifest.get("parity") or {}
     cells = _cells(manifest, runs, parity.get("status") == "ok")
     ab: dict[str, Any] = {

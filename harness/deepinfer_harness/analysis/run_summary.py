@@ -29,35 +29,50 @@ from deepinfer_harness.analysis.metrics import (
 from deepinfer_harness.analysis.reader import RunReader
 from deepinfer_harness.analysis.validity import check_run
 from deepinfer_harness.cells import parse_cell
-from deepinfer_harness.layout import RunKey
+from deepinfer_harness.layout import RunKey, write_json
 from deepinfer_harness.prometheus import Snapshot, delta
 from deepinfer_harness.records import RequestRecord
 
 SPEC = "vllm:spec_decode_"
 
 
-def spec_decode(d: dict[str, float]) -> dict[str, Any]:
-    drafts = d.get(SPEC + "num_drafts_total", 0.0)
+def spec_decode(counter_deltas: dict[str, float]) -> dict[str, Any]:
+    """Speculative-decoding accounting from the run's counter deltas: a draft is one proposal of K
+    tokens, accepted tokens are the drafted tokens the verifier kept, so each engine step emits
+    1 + accepted tokens and acceptance length = 1 + accepted / drafts."""
+    drafts = counter_deltas.get(SPEC + "num_drafts_total", 0.0)
     if drafts <= 0:
         return {}
-    accepted = d.get(SPEC + "num_accepted_tokens_total", 0.0)
-    draft_tokens = d.get(SPEC + "num_draft_tokens_total", 0.0)
-    per_pos = sorted(
-        (int(k.split("position=")[1].rstrip("}")), v)
-        for k, v in d.items()
-        if k.startswith(SPEC + "num_accepted_tokens_per_pos_total{")
+    accepted = counter_deltas.get(SPEC + "num_accepted_tokens_total", 0.0)
+    draft_tokens = counter_deltas.get(SPEC + "num_draft_tokens_total", 0.0)
+    accepted_by_position = sorted(
+        (int(name.split("position=")[1].rstrip("}")), value)
+        for name, value in counter_deltas.items()
+        if name.startswith(SPEC + "num_accepted_tokens_per_pos_total{")
     )
-    p = [v / drafts for _, v in per_pos]
-    q = [p[0], *[(b / a if a else float("nan")) for a, b in itertools.pairwise(p)]] if p else []
-    positions = {f"spec_decode_accept_p{i}": v for i, v in enumerate(p)}  # scalar per position: A/B-able
+    # share of drafts whose token at this position was kept (the verifier stops at the first miss)
+    per_position = [value / drafts for _, value in accepted_by_position]
+    # share kept at this position among drafts kept up to the one before it
+    conditional = (
+        [
+            per_position[0],
+            *[
+                (here / before if before else float("nan"))
+                for before, here in itertools.pairwise(per_position)
+            ],
+        ]
+        if per_position
+        else []
+    )
+    positions = {f"spec_decode_accept_p{i}": v for i, v in enumerate(per_position)}  # scalars: A/B-able
     return positions | {
         "spec_decode_num_drafts": drafts,
         "spec_decode_draft_tokens": draft_tokens,
         "spec_decode_accepted_tokens": accepted,
         "spec_decode_acceptance_rate": 100 * accepted / draft_tokens if draft_tokens else None,
         "spec_decode_acceptance_length": 1 + accepted / drafts,
-        "spec_decode_per_position_acceptance_rates": p,
-        "spec_decode_conditional_acceptance_rates": q,
+        "spec_decode_per_position_acceptance_rates": per_position,
+        "spec_decode_conditional_acceptance_rates": conditional,
     }
 
 
@@ -283,6 +298,22 @@ def summarize_run(
     out["loop_lag"] = facts.get("loop_lag", {})
     out["validity"] = check_run(cell, records, measured, facts, before, after, out, limits)
     return out
+
+
+def limits_of(profile: dict[str, Any]) -> dict[str, Any]:
+    """The validity thresholds plus the summary options the plan selects (percentiles, SLOs), from
+    the profile as the manifest stores it; a run written before those options gets the defaults."""
+    plan = profile.get("plan", {})
+    return profile["validity"] | {k: plan[k] for k in ("percentiles", "slo") if k in plan}
+
+
+def write_summary(reader: RunReader, key: RunKey, limits: dict[str, Any]) -> dict[str, Any]:
+    """The one writer of a run's `<variant>.r<k>.summary.json`: the run stage calls it when a cell
+    ends (the file marks the run finished, valid or not, for resume), the report when it re-derives
+    the run from its files; both get the same bytes from the same files."""
+    summary = summary_of(reader, key, limits)
+    write_json(reader.layout.run_file(key, "summary.json"), summary)
+    return summary
 
 
 def summary_of(reader: RunReader, key: RunKey, limits: dict[str, Any]) -> dict[str, Any]:

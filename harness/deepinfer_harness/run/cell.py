@@ -31,7 +31,7 @@ def hash_text(text: str) -> int:
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class CellContext:
     http: aiohttp.ClientSession
     base_url: str

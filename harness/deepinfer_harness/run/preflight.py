@@ -303,7 +303,7 @@ def check_corpus(profile: Profile) -> list[str]:
     (a byte-level tokenizer never makes more tokens than bytes); the exact token count is checked
     when the first server tokenizes it."""
     from deepinfer_harness.plan import build_cells
-    from deepinfer_harness.run.provenance import budget_chars
+    from deepinfer_harness.run.corpus import budget_chars
     from deepinfer_harness.run.sessions import corpus_needs, corpus_path
     from deepinfer_harness.workloads import workload_text
 

@@ -15,13 +15,13 @@ import gzip
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from deepinfer_harness.analysis.reader import RunReader
-from deepinfer_harness.analysis.run_summary import summary_of
-from deepinfer_harness.config import Profile
+from deepinfer_harness.analysis.run_summary import limits_of, write_summary
+from deepinfer_harness.config import Profile, profile_dict
 from deepinfer_harness.layout import RunKey, RunLayout, write_json
 from deepinfer_harness.lengths import max_length
 from deepinfer_harness.manifest import model_fingerprint, record_session, recorded_sessions
@@ -29,10 +29,11 @@ from deepinfer_harness.plan import CellDef, Session
 from deepinfer_harness.records import JsonlWriter
 from deepinfer_harness.run.cell import CellContext
 from deepinfer_harness.run.client import make_session
+from deepinfer_harness.run.corpus import ensure_corpus
 from deepinfer_harness.run.launch import Launch, build_launch
 from deepinfer_harness.run.looplag import LoopLagProbe
 from deepinfer_harness.run.progress import Progress
-from deepinfer_harness.run.provenance import collect_variant, ensure_corpus, gpu_facts
+from deepinfer_harness.run.provenance import collect_variant, gpu_facts
 from deepinfer_harness.run.recipes import RECIPES
 from deepinfer_harness.run.server import ServerDied, ServerHandle, serving
 
@@ -75,11 +76,6 @@ def inflight_cap(cdef: CellDef) -> int:
 
 def corpus_path(profile: Profile) -> Path | None:
     return Path(profile.corpus_file).expanduser() if profile.corpus_file else None
-
-
-def limits_of(profile: Profile) -> dict[str, Any]:
-    """Validity thresholds plus the summary options the plan selects (percentiles, SLOs)."""
-    return asdict(profile.validity) | {"percentiles": profile.plan.percentiles, "slo": profile.plan.slo}
 
 
 def resume_plan(layout: RunLayout, sessions: list[Session], cells: list[CellDef]) -> dict[str, list[RunKey]]:
@@ -166,9 +162,7 @@ def _save_cell(ctx: CellContext, layout: RunLayout, profile: Profile) -> dict:
         "min_steps": ctx.cdef.min_steps,
     }
     write_json(layout.run_file(key, "cell.json"), facts)
-    summary = summary_of(RunReader(layout), key, limits_of(profile))
-    write_json(layout.run_file(key, "summary.json"), summary)
-    return summary
+    return write_summary(RunReader(layout), key, limits_of(profile_dict(profile)))
 
 
 async def run_session(
@@ -207,18 +201,18 @@ async def run_session(
             t0 = time.monotonic()
             with JsonlWriter(layout.run_file(key, "jsonl")) as writer:
                 ctx = CellContext(
-                    http,
-                    handle.base_url,
-                    opts.served_model,
-                    opts.run_id,
-                    session.variant,
-                    session.rep,
-                    session.index,
-                    corpora[cdef.cell.workload],
-                    writer,
-                    cdef,
-                    opts.progress,
-                    profile.validity.reset_prefix_cache,
+                    http=http,
+                    base_url=handle.base_url,
+                    model=opts.served_model,
+                    run_id=opts.run_id,
+                    variant=session.variant,
+                    rep=session.rep,
+                    session=session.index,
+                    corpus=corpora[cdef.cell.workload],
+                    writer=writer,
+                    cdef=cdef,
+                    progress=opts.progress,
+                    reset_prefix_cache=profile.validity.reset_prefix_cache,
                 )
                 await _run_cell(ctx)
             alive = await asyncio.to_thread(handle.alive)  # health, not only the (lagging) process status
