@@ -74,6 +74,35 @@ def image_facts(docker: str, tag: str) -> dict[str, object]:
     return {"tag": tag, "id": image_id, "size_bytes": int(size)}
 
 
+def targets_of(phases: list[dict], images: list[dict], wanted: int) -> list[dict]:
+    """The smoke's own pass/fail as targets: each wall-clock phase ended ok, every tag was built."""
+    out = [
+        {
+            "name": f"phase ok: {p['name']}",
+            "measured": int(p["status"] == "ok"),
+            "goal": 1,
+            "unit": "bool",
+            "direction": ">=",
+            "met": p["status"] == "ok",
+            **({} if p["status"] == "ok" else {"cause": f"phase ended {p['status']} (smoke log)"}),
+        }
+        for p in phases
+    ]
+    built = sum(1 for i in images if i.get("size_bytes"))
+    out.append(
+        {
+            "name": "images built",
+            "measured": built,
+            "goal": wanted,
+            "unit": "images",
+            "direction": ">=",
+            "met": built >= wanted,
+            **({} if built >= wanted else {"cause": "a tag has no image (docker image inspect failed)"}),
+        }
+    )
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--log", type=Path, required=True)
@@ -103,22 +132,30 @@ def main(argv: list[str] | None = None) -> int:
     # the build context's revision (git HEAD, "-dirty" when the built paths differed from it)
     revision = ROOT / ".cache" / "image-context" / "REVISION"
     rev = revision.read_text().strip() if revision.is_file() else ""
-    sha = rev.removesuffix("-dirty") or subprocess.run(
-        ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT
-    ).stdout.strip()
+    sha = (
+        rev.removesuffix("-dirty")
+        or subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT
+        ).stdout.strip()
+    )
     docker_version = subprocess.run(
         [args.docker, "version", "--format", "{{.Server.Version}}"], capture_output=True, text=True
     ).stdout.strip()
+    tags = args.images.split(",")
+    images = [image_facts(args.docker, tag) for tag in tags]
     doc = {
         "what": "make image-smoke: VLLM_BUILD=precompiled on a locally made Debian base, both targets",
         "cache": cache,
         "stages": phases + stages,
-        "images": [image_facts(args.docker, tag) for tag in args.images.split(",")],
+        "images": images,
+        "targets": targets_of(phases, images, len(tags)),
         "provenance": {
             "git_sha": sha or "unknown",
             "git_tree": "dirty (uncommitted built paths)" if rev.endswith("-dirty") else "clean",
             "date": datetime.now(UTC).isoformat(timespec="seconds"),
             "hardware": f"CPU {platform.machine()}, {os.cpu_count()} logical cores, no GPU",
+            # stage seconds scale with the host's load (a shared 2-core machine runs 2-3x slower)
+            "load_avg_at_end": [round(x, 2) for x in os.getloadavg()],
             "versions": {"docker": docker_version or "unknown", "python": platform.python_version()},
             "command": "make image-smoke",
         },

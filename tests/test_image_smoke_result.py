@@ -49,3 +49,13 @@ def test_a_phase_split_by_a_comma_is_a_one_line_error(tmp_path, capsys):
             "--phases", "make image (both targets, wall)=12"]  # fmt: skip
     assert isr.main(argv) == 2
     assert "--phases item" in capsys.readouterr().err and not out.exists()
+
+
+def test_targets_fail_on_a_failed_phase_or_a_missing_image():
+    ok = [{"name": "make image", "seconds": 10.0, "status": "ok"}]
+    bad = [*ok, {"name": "harness --dry-run commands", "seconds": 3.0, "status": "failed"}]
+    images = [{"tag": "a", "size_bytes": 5}, {"tag": "b", "size_bytes": 6}]
+    assert all(t["met"] for t in isr.targets_of(ok, images, 2))
+    failed = [t["name"] for t in isr.targets_of(bad, images[:1], 2) if not t["met"]]
+    assert failed == ["phase ok: harness --dry-run commands", "images built"]
+    assert all(t["direction"] == ">=" for t in isr.targets_of(bad, images, 2))
