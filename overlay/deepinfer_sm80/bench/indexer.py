@@ -25,7 +25,7 @@ import triton
 from deepinfer_sm80.formats.indexer_k import RECORD_BYTES
 from deepinfer_sm80.ops.indexer import k_store, q_quant, stream
 from deepinfer_sm80.ops.indexer import logits as lg
-from deepinfer_sm80.testing.bench import Ceilings, Row, Target, at_least, at_most, time_graph
+from deepinfer_sm80.testing.bench import Ceilings, Row, Target, at_least, at_most, median_eager_us, time_graph
 
 H, D, TOPK = 32, 128, 512
 PREFILL_QUERIES = 8192
@@ -47,19 +47,9 @@ def say(msg: str) -> None:
     LOG.append(line)
 
 
-def time_us(fn: Callable[[], object], reps: int = 5, warmup: int = 1) -> float:
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        samples.append(a.elapsed_time(b) * 1e3)
-    return statistics.median(samples)
+def time_us(fn: Callable[[], object], reps: int = 5) -> float:
+    """The shared eager timer at this bench's counts (one warm-up call, `reps` timed)."""
+    return median_eager_us(fn, reps=reps)
 
 
 def peak_bytes(fn: Callable[[], object]) -> int:

@@ -15,26 +15,22 @@ import triton
 import triton.language as tl
 
 from deepinfer_sm80.formats.fp8_ds_mla import (
-    DATA_BYTES,
     GROUP,
     HEAD_DIM,
     N_GROUPS,
     NOPE_DIM,
     RECORD_BYTES,
-    ROPE_DIM,
-    SCALE_BYTES,
     check_k_cache,
     token_views,
 )
 from deepinfer_sm80.ops.fp8 import e4m3_decode_ref, e4m3_to_f32, ue8m0_decode_ref, ue8m0_to_f32
+from deepinfer_sm80.ops.record_constexprs import DATA as _DATA
+from deepinfer_sm80.ops.record_constexprs import GROUP_SIZE as _GROUP
+from deepinfer_sm80.ops.record_constexprs import GROUPS as _N_GROUPS
+from deepinfer_sm80.ops.record_constexprs import NOPE as _NOPE
+from deepinfer_sm80.ops.record_constexprs import ROPE as _ROPE
+from deepinfer_sm80.ops.record_constexprs import SCALE as _SCALE
 from deepinfer_sm80.registry import CompileSpec
-
-_NOPE = tl.constexpr(NOPE_DIM)
-_ROPE = tl.constexpr(ROPE_DIM)
-_DATA = tl.constexpr(DATA_BYTES)
-_SCALE = tl.constexpr(SCALE_BYTES)
-_GROUP = tl.constexpr(GROUP)
-_N_GROUPS = tl.constexpr(N_GROUPS)
 
 
 # ----------------------------------------------------------------------------- reference

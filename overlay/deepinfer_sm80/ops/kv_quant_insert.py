@@ -14,7 +14,6 @@ import triton.language as tl
 
 from deepinfer_sm80.formats.fp8_ds_mla import (
     AMAX_FLOOR,
-    DATA_BYTES,
     GROUP,
     N_GROUPS,
     NOPE_DIM,
@@ -25,14 +24,14 @@ from deepinfer_sm80.formats.fp8_ds_mla import (
     token_views,
 )
 from deepinfer_sm80.ops.fp8 import E4M3_MAX, e4m3_encode_ref, f32_to_e4m3
+from deepinfer_sm80.ops.record_constexprs import DATA as _DATA
+from deepinfer_sm80.ops.record_constexprs import GROUP_SIZE as _GROUP
+from deepinfer_sm80.ops.record_constexprs import GROUPS as _N_GROUPS
+from deepinfer_sm80.ops.record_constexprs import NOPE as _NOPE
+from deepinfer_sm80.ops.record_constexprs import SCALE as _SCALE
 from deepinfer_sm80.registry import CompileSpec
 
 _E4M3_MAX = tl.constexpr(E4M3_MAX)
-_NOPE = tl.constexpr(NOPE_DIM)
-_DATA = tl.constexpr(DATA_BYTES)
-_SCALE = tl.constexpr(SCALE_BYTES)
-_GROUP = tl.constexpr(GROUP)
-_N_GROUPS = tl.constexpr(N_GROUPS)
 # 448 = 1.75·2^8: amax = 1.f·2^E needs e = E-8 when 1.f <= 1.75 (fp32 fraction bits <= 0x600000), else E-7
 _FRAC_1_75 = tl.constexpr(0x600000)
 

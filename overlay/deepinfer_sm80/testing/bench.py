@@ -86,6 +86,13 @@ def time_eager(fn: Callable[[int], object], n_sets: int, *, reps: int = 50) -> l
     return samples
 
 
+def median_eager_us(fn: Callable[[], object], *, reps: int, warmup: int = 1) -> float:
+    """Median µs of a no-argument callable over `reps` plain launches, after `warmup` untimed calls."""
+    for _ in range(warmup - 1):
+        fn()
+    return statistics.median(time_eager(lambda _set: fn(), 1, reps=reps))
+
+
 @triton.jit
 def _copy_kernel(src_ptr, dst_ptr, n, BLOCK: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)

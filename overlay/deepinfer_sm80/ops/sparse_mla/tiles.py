@@ -12,17 +12,17 @@ import os
 import triton
 import triton.language as tl
 
-from deepinfer_sm80.formats.fp8_ds_mla import DATA_BYTES, GROUP, N_GROUPS, NOPE_DIM, ROPE_DIM, SCALE_BYTES
+from deepinfer_sm80.formats.fp8_ds_mla import NOPE_DIM, ROPE_DIM
 from deepinfer_sm80.ops.fp8 import e4m3_to_f32, ue8m0_to_f32
+from deepinfer_sm80.ops.record_constexprs import DATA as _DATA
+from deepinfer_sm80.ops.record_constexprs import GROUP_SIZE as _GROUP
+from deepinfer_sm80.ops.record_constexprs import GROUPS as _N_GROUPS
+from deepinfer_sm80.ops.record_constexprs import NOPE as _NOPE
+from deepinfer_sm80.ops.record_constexprs import ROPE as _ROPE
+from deepinfer_sm80.ops.record_constexprs import SCALE as _SCALE
 
 NEG_LARGE = -3.4028234663852886e38  # the running-max start and the masked score (finite: exp(x - x) = 1)
 _NEG_LARGE = tl.constexpr(NEG_LARGE)
-_NOPE = tl.constexpr(NOPE_DIM)
-_ROPE = tl.constexpr(ROPE_DIM)
-_DATA = tl.constexpr(DATA_BYTES)
-_SCALE = tl.constexpr(SCALE_BYTES)
-_GROUP = tl.constexpr(GROUP)
-_N_GROUPS = tl.constexpr(N_GROUPS)
 HEAD_DIM = NOPE_DIM + ROPE_DIM
 _HEAD = tl.constexpr(HEAD_DIM)
 # Triton 3.7.1's interpreter multiplies bf16 dot operands as raw bits (errors ~1e10): there the products

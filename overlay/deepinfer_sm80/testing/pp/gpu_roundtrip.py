@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -25,24 +24,11 @@ import torch
 from deepinfer_sm80.integration.pp.plan import build_plan
 from deepinfer_sm80.integration.pp.topology import Topology, v41_flash_fields
 from deepinfer_sm80.ops.pp_records import CKV_FORMAT, IKV_FORMAT, gather_records, scatter_records
+from deepinfer_sm80.testing.bench import median_eager_us
 from deepinfer_sm80.testing.pp.rig import run_in_process
 from deepinfer_sm80.testing.provenance import provenance
 
 PARTITIONS = ((14, 14, 12), (13, 14, 13), (21, 5, 14))
-
-
-def _median_us(fn, reps: int = 50) -> float:  # noqa: ANN001 - a no-argument callable
-    for _ in range(5):
-        fn()
-    samples = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        samples.append(a.elapsed_time(b) * 1000.0)
-    return statistics.median(samples)
 
 
 def time_payload(tokens: int, device: str = "cuda") -> dict:
@@ -83,8 +69,8 @@ def time_payload(tokens: int, device: str = "cuda") -> dict:
         assert torch.equal(gather_records(dst[k], slots, fmt), gather_records(src[k], slots, fmt))
     return {
         "tokens": tokens,
-        "payload_us": _median_us(payload),
-        "intermediate_copy_us": _median_us(upstream_copy),
+        "payload_us": median_eager_us(payload, reps=50, warmup=5),
+        "intermediate_copy_us": median_eager_us(upstream_copy, reps=50, warmup=5),
         "payload_bytes": tokens * (584 + 132 + 8192),
         "intermediate_bytes": tokens * 40976,
     }
