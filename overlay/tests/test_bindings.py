@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from deepinfer_sm80 import bindings as bt
+from deepinfer_sm80 import hook
 from deepinfer_sm80.bindings import BINDINGS, Binding
 
 MODULE = "tests.fake_upstream"
@@ -31,7 +32,7 @@ def _rows() -> tuple[Binding, ...]:
 def table(monkeypatch):
     monkeypatch.setattr(bt, "BINDINGS", _rows())
     monkeypatch.delenv(bt.ENV_DISABLE, raising=False)
-    monkeypatch.setattr(bt, "_LOGGED", set())
+    monkeypatch.setattr(hook, "_LOGGED", set())
     return monkeypatch
 
 
@@ -264,7 +265,7 @@ def test_unknown_feature_is_an_error(monkeypatch):
 
 def test_feature_state_logged_once(table, caplog):
     table.setenv(bt.ENV_FORCE_CAPABILITY, "80")
-    table.setattr(bt, "_FEATURES_LOGGED", [])
+    table.setattr(hook, "_FEATURES_LOGGED", [])
     table.setitem(importlib.sys.modules, bt.LEVEL_MARKER, SimpleNamespace(LEVEL="optimized"))
     with caplog.at_level(logging.INFO, logger="deepinfer_sm80"):
         bt.rebind(_namespace(), MODULE)
@@ -275,7 +276,7 @@ def test_feature_state_logged_once(table, caplog):
 
 def test_features_not_logged_where_no_row_applies(table, caplog):
     table.setenv(bt.ENV_FORCE_CAPABILITY, "90")
-    table.setattr(bt, "_FEATURES_LOGGED", [])
+    table.setattr(hook, "_FEATURES_LOGGED", [])
     with caplog.at_level(logging.INFO, logger="deepinfer_sm80"):
         bt.rebind({"f": 1, "g": 2, "Cls": object}, "tests.other_module")
     assert not any("features at" in r.message for r in caplog.records)

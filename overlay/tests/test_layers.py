@@ -11,14 +11,13 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "deepinfer_sm80"
 SHIPPED = ("ops", "formats", "integration")
-SHIPPED_MODULES = ("bindings.py", "registry.py", "device.py", "__init__.py")
+SHIPPED_MODULES = ("bindings.py", "hook.py", "registry.py", "device.py", "__init__.py")
 RIG = "deepinfer_sm80.testing"
 
 
 def shipped_files() -> list[Path]:
     files = [p for d in SHIPPED for p in sorted((PACKAGE / d).rglob("*.py"))]
     files += [PACKAGE / name for name in SHIPPED_MODULES if (PACKAGE / name).exists()]
-    files += sorted((PACKAGE / "bindings").rglob("*.py")) if (PACKAGE / "bindings").is_dir() else []
     return files
 
 
