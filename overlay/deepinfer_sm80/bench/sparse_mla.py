@@ -13,7 +13,6 @@ from pathlib import Path
 
 import torch
 
-from deepinfer_sm80.bench.sparse_mla_cases import decode_sets, prefill_inputs
 from deepinfer_sm80.formats.fp8_ds_mla import RECORD_BYTES
 from deepinfer_sm80.ops.sparse_mla import decode as dec
 from deepinfer_sm80.ops.sparse_mla import prefill as pre
@@ -27,6 +26,7 @@ from deepinfer_sm80.testing.bench import (
     summarize,
     time_graph,
 )
+from deepinfer_sm80.testing.cases.sparse_mla import decode_sets, prefill_inputs
 from deepinfer_sm80.testing.compare import BF16_EPS, MismatchError, assert_close
 from deepinfer_sm80.testing.inputs import generator
 from deepinfer_sm80.testing.shapes import V41

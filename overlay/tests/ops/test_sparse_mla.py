@@ -13,11 +13,11 @@ from dataclasses import dataclass, replace
 import pytest
 import torch
 
-from deepinfer_sm80.bench.sparse_mla_cases import DecodeInputs, decode_inputs, prefill_inputs
 from deepinfer_sm80.formats.fp8_ds_mla import token_views
 from deepinfer_sm80.ops.sparse_mla import decode as dec
 from deepinfer_sm80.ops.sparse_mla import prefill as pre
 from deepinfer_sm80.ops.sparse_mla.reference import decode_ref, prefill_ref, slot_lists
+from deepinfer_sm80.testing.cases.sparse_mla import DecodeInputs, decode_inputs, prefill_inputs
 from deepinfer_sm80.testing.compare import BF16_EPS, assert_bitwise_equal, assert_close
 from deepinfer_sm80.testing.gates import requires_cuda, requires_sm, test_device
 from deepinfer_sm80.testing.inputs import generator, seed_note

@@ -1,15 +1,19 @@
-"""Input builders for sparse MLA decode and prefill (tests and the bench): caches, slot lists, Q, sink, RoPE.
+"""Sparse MLA cases: decode and prefill input builders (caches, slot lists, Q, sink, RoPE) for the tests and
+the bench, and the entry-point A/B shapes.
 
 Every draw comes from the caller's generator (`testing.inputs.generator(name)` in tests).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from deepinfer_sm80.formats.fp8_ds_mla import N_GROUPS, token_views
+from deepinfer_sm80.testing.cases.entry_point import Shape
 from deepinfer_sm80.testing.inputs import page_pool
 
 HEAD_DIM = 512
@@ -183,3 +187,88 @@ def decode_sets(
             )
         )
     return sets
+
+
+# ----------------------------------------------------------------------------- entry-point A/B (GPU)
+def _sparse_close(tol: float) -> Callable[[Any, Any], str]:
+    def check(a: Any, b: Any) -> str:
+        from deepinfer_sm80.bench.sparse_mla import _close
+
+        return _close(a.cpu(), b.cpu(), tol)
+
+    return check
+
+
+def decode_entry_point_shapes(quick: bool) -> Iterator[Shape]:
+    import torch
+
+    from deepinfer_sm80.formats.fp8_ds_mla import RECORD_BYTES
+    from deepinfer_sm80.testing.bench import input_sets_needed
+    from deepinfer_sm80.testing.inputs import generator
+    from deepinfer_sm80.testing.shapes import V41
+
+    for tq, heads, ctx in (
+        ((16, 64, 16_384),) if quick else ((1, 64, 16_384), (16, 64, 16_384), (64, 8, 65_536))
+    ):
+        n_bytes = tq * ((128 + 512) * (RECORD_BYTES + 4) + 2 * heads * 512 * 2)
+        n_sets = input_sets_needed(n_bytes, limit=16)
+
+        def make(
+            tq: int = tq, heads: int = heads, ctx: int = ctx, n_sets: int = n_sets
+        ) -> Callable[..., Any]:
+            gen = generator(f"ab-decode-{tq}-{heads}-{ctx}", "cuda")
+            states = ctx  # ratio 1
+            sets = [
+                decode_inputs([128] * tq, [512] * tq, heads, gen, swa_blocks=tq * 4 + 1,
+                              kv_blocks=tq * states // 32 + 1, region=states, q_scale=0.3)
+                for _ in range(n_sets)
+            ]  # fmt: skip
+            outs: dict[tuple[int, int], torch.Tensor] = {}
+
+            def run(fn: Callable[..., Any], i: int) -> Any:
+                s = sets[i]
+                if (id(fn), i) not in outs:
+                    outs[(id(fn), i)] = torch.empty_like(s.q)
+                out = outs[(id(fn), i)]
+                fn(s.q, s.kv_cache, s.swa_cache, False, None, None, s.swa_dense, s.swa_lens, s.swa_ragged,
+                   s.swa_indptr, s.topk_ragged, s.topk_indptr, s.sink, V41.scale, 512, 448, 64,
+                   out)  # fmt: skip
+                return out
+
+            return run
+
+        yield Shape(f"h{heads}-ctx{ctx // 1024}k", tq, n_bytes, make, n_sets, _sparse_close(448.0))
+
+
+def prefill_entry_point_shapes(quick: bool) -> Iterator[Shape]:
+    import torch
+
+    from deepinfer_sm80.testing.inputs import generator
+    from deepinfer_sm80.testing.shapes import V41
+
+    for tokens, heads, ctx in ((256, 64, 16_384),) if quick else ((256, 64, 16_384), (1_024, 8, 65_536)):
+        width = 512 + 128
+        num_kv = ctx + 128 + tokens
+        n_bytes = tokens * (width * 4 + 2 * heads * 512 * 2) + num_kv * 1024
+
+        def make(tokens: int = tokens, heads: int = heads, num_kv: int = num_kv, width: int = width) -> Any:
+            gen = generator(f"ab-prefill-{tokens}-{heads}-{num_kv}", "cuda")
+            inp = prefill_inputs([width] * tokens, heads, num_kv, gen, width=width, q_scale=0.3)
+            outs: dict[int, torch.Tensor] = {}
+
+            def run(fn: Callable[..., Any], _: int) -> Any:
+                if id(fn) not in outs:
+                    outs[id(fn)] = torch.empty_like(inp.q)
+                out = outs[id(fn)]
+                fn(inp.q, inp.kv, inp.indices, inp.lens, V41.scale, 512, 448, 64, inp.sink, out)
+                return out
+
+            return run
+
+        yield Shape(f"h{heads}-ctx{ctx // 1024}k", tokens, n_bytes, make, 1, _sparse_close(5.0))
+
+
+ENTRY_POINT_CASES = {
+    "sparse_mla_decode": decode_entry_point_shapes,
+    "sparse_mla_prefill": prefill_entry_point_shapes,
+}
