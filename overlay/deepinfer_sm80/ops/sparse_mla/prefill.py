@@ -173,68 +173,54 @@ def _prefill(
         output.copy_(out)
 
 
-def base_sparse_attn_prefill(
-    q: torch.Tensor,
-    kv: torch.Tensor,
-    indices: torch.Tensor | None,
-    topk_length: torch.Tensor | None,
-    scale: float,
-    head_dim: int,
-    nope_head_dim: int,
-    rope_head_dim: int,
-    attn_sink: torch.Tensor | None,
-    output: torch.Tensor,
-    ragged_indices: torch.Tensor | None = None,
-    ragged_indptr: torch.Tensor | None = None,
-) -> None:
-    """Sparse MLA prefill into `output` [T, H, 448|512] (upstream's kernel shape, SM80 port)."""
-    _prefill(
-        "base",
-        q,
-        kv,
-        indices,
-        topk_length,
-        scale,
-        head_dim,
-        nope_head_dim,
-        rope_head_dim,
-        attn_sink,
-        output,
-        ragged_indices,
-        ragged_indptr,
-    )
+_PREFILL_DOCS = {
+    "base": "Sparse MLA prefill into `output` [T, H, 448|512] (upstream's kernel shape, SM80 port).",
+    "optimized": "Sparse MLA prefill into `output` [T, H, 448|512] (DeepInfer launch, `config_for`).",
+}
 
 
-def sparse_attn_prefill(
-    q: torch.Tensor,
-    kv: torch.Tensor,
-    indices: torch.Tensor | None,
-    topk_length: torch.Tensor | None,
-    scale: float,
-    head_dim: int,
-    nope_head_dim: int,
-    rope_head_dim: int,
-    attn_sink: torch.Tensor | None,
-    output: torch.Tensor,
-    ragged_indices: torch.Tensor | None = None,
-    ragged_indptr: torch.Tensor | None = None,
-) -> None:
-    """Sparse MLA prefill into `output` [T, H, 448|512] (DeepInfer launch, `config_for`)."""
-    _prefill(
-        "optimized",
-        q,
-        kv,
-        indices,
-        topk_length,
-        scale,
-        head_dim,
-        nope_head_dim,
-        rope_head_dim,
-        attn_sink,
-        output,
-        ragged_indices,
-        ragged_indptr,
+def _public(level: str):
+    """Upstream's `rocm_sparse_attn_prefill` signature at one level (the two rows differ only in it)."""
+
+    def sparse_attn_prefill(
+        q: torch.Tensor,
+        kv: torch.Tensor,
+        indices: torch.Tensor | None,
+        topk_length: torch.Tensor | None,
+        scale: float,
+        head_dim: int,
+        nope_head_dim: int,
+        rope_head_dim: int,
+        attn_sink: torch.Tensor | None,
+        output: torch.Tensor,
+        ragged_indices: torch.Tensor | None = None,
+        ragged_indptr: torch.Tensor | None = None,
+    ) -> None:
+        _prefill(
+            level,
+            q,
+            kv,
+            indices,
+            topk_length,
+            scale,
+            head_dim,
+            nope_head_dim,
+            rope_head_dim,
+            attn_sink,
+            output,
+            ragged_indices,
+            ragged_indptr,
+        )
+
+    sparse_attn_prefill.__doc__ = _PREFILL_DOCS[level]
+    sparse_attn_prefill.__name__ = sparse_attn_prefill.__qualname__ = (
+        "base_sparse_attn_prefill" if level == "base" else "sparse_attn_prefill"
     )
+    return sparse_attn_prefill
+
+
+base_sparse_attn_prefill = _public("base")
+sparse_attn_prefill = _public("optimized")
 
 
 _SIG = {
