@@ -130,49 +130,6 @@ def prefill_into(
     )
 
 
-def _prefill(
-    level: str,
-    q: torch.Tensor,
-    kv: torch.Tensor,
-    indices: torch.Tensor | None,
-    topk_length: torch.Tensor | None,
-    scale: float,
-    head_dim: int,
-    nope_head_dim: int,
-    rope_head_dim: int,
-    attn_sink: torch.Tensor | None,
-    output: torch.Tensor,
-    ragged_indices: torch.Tensor | None,
-    ragged_indptr: torch.Tensor | None,
-) -> None:
-    if head_dim != HEAD_DIM or nope_head_dim + rope_head_dim != head_dim:
-        raise ValueError(f"sparse MLA prefill expects head_dim 512 = nope + rope, got {head_dim}")
-    if kv.dim() != 3 or kv.shape[1] != 1 or kv.shape[2] != HEAD_DIM or kv.dtype != torch.bfloat16:
-        raise ValueError(f"kv must be a [N, 1, 512] bf16 workspace, got {tuple(kv.shape)} {kv.dtype}")
-    if q.dim() != 3 or q.shape[2] != HEAD_DIM or q.dtype != torch.bfloat16 or q.stride(2) != 1:
-        raise ValueError(f"q must be [T, H, 512] bf16 with unit last stride, got {tuple(q.shape)} {q.dtype}")
-    if output.shape[:2] != q.shape[:2] or output.shape[2] not in (nope_head_dim, head_dim):
-        raise ValueError(f"output must be [T, H, 448 or 512], got {tuple(output.shape)}")
-    from deepinfer_sm80.ops.sparse_mla.decode import _segment  # one slot-list normaliser for both ops
-
-    seg = _segment("prefill", indices, topk_length, ragged_indices, ragged_indptr, q.shape[0])
-    kv2 = kv.squeeze(1)
-    if kv2.stride(1) != 1:
-        raise ValueError("kv rows must have a unit last stride")
-    sink = None
-    if attn_sink is not None:
-        sink = attn_sink[: q.shape[1]]
-        sink = sink if sink.dtype == torch.float32 and sink.is_contiguous() else sink.float().contiguous()
-    direct = output.dtype == torch.bfloat16 and output.stride(2) == 1
-    out = output if direct else torch.empty(output.shape, dtype=torch.bfloat16, device=q.device)
-    config = BASE_CONFIG if level == "base" else config_for(q.shape[1])
-    prefill_into(
-        q, kv2, (seg.idx, seg.off, seg.lens, seg.row_stride, seg.width, seg.ragged), sink, scale, out, config
-    )
-    if not direct:
-        output.copy_(out)
-
-
 _PREFILL_DOCS = {
     "base": "Sparse MLA prefill into `output` [T, H, 448|512] (upstream's kernel shape, SM80 port).",
     "optimized": "Sparse MLA prefill into `output` [T, H, 448|512] (DeepInfer launch, `config_for`).",
@@ -196,21 +153,32 @@ def _public(level: str):
         ragged_indices: torch.Tensor | None = None,
         ragged_indptr: torch.Tensor | None = None,
     ) -> None:
-        _prefill(
-            level,
-            q,
-            kv,
-            indices,
-            topk_length,
-            scale,
-            head_dim,
-            nope_head_dim,
-            rope_head_dim,
-            attn_sink,
-            output,
-            ragged_indices,
-            ragged_indptr,
-        )
+        if head_dim != HEAD_DIM or nope_head_dim + rope_head_dim != head_dim:
+            raise ValueError(f"sparse MLA prefill expects head_dim 512 = nope + rope, got {head_dim}")
+        if kv.dim() != 3 or kv.shape[1] != 1 or kv.shape[2] != HEAD_DIM or kv.dtype != torch.bfloat16:
+            raise ValueError(f"kv must be a [N, 1, 512] bf16 workspace, got {tuple(kv.shape)} {kv.dtype}")
+        if q.dim() != 3 or q.shape[2] != HEAD_DIM or q.dtype != torch.bfloat16 or q.stride(2) != 1:
+            shape = f"{tuple(q.shape)} {q.dtype}"
+            raise ValueError(f"q must be [T, H, 512] bf16 with unit last stride, got {shape}")
+        if output.shape[:2] != q.shape[:2] or output.shape[2] not in (nope_head_dim, head_dim):
+            raise ValueError(f"output must be [T, H, 448 or 512], got {tuple(output.shape)}")
+        from deepinfer_sm80.ops.sparse_mla.decode import _segment  # one slot-list normaliser for both ops
+
+        seg = _segment("prefill", indices, topk_length, ragged_indices, ragged_indptr, q.shape[0])
+        kv2 = kv.squeeze(1)
+        if kv2.stride(1) != 1:
+            raise ValueError("kv rows must have a unit last stride")
+        sink = None
+        if attn_sink is not None:
+            sink = attn_sink[: q.shape[1]]
+            sink = sink if sink.dtype == torch.float32 and sink.is_contiguous() else sink.float().contiguous()
+        direct = output.dtype == torch.bfloat16 and output.stride(2) == 1
+        out = output if direct else torch.empty(output.shape, dtype=torch.bfloat16, device=q.device)
+        config = BASE_CONFIG if level == "base" else config_for(q.shape[1])
+        slots = (seg.idx, seg.off, seg.lens, seg.row_stride, seg.width, seg.ragged)
+        prefill_into(q, kv2, slots, sink, scale, out, config)
+        if not direct:
+            output.copy_(out)
 
     sparse_attn_prefill.__doc__ = _PREFILL_DOCS[level]
     sparse_attn_prefill.__name__ = sparse_attn_prefill.__qualname__ = (
