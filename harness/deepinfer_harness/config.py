@@ -19,6 +19,7 @@ import yaml
 
 from deepinfer_harness.cells import ARRIVALS, DEFAULT_WORKLOAD, WORKLOADS, format_rate
 from deepinfer_harness.lengths import length_error, max_length
+from deepinfer_harness.metric_table import default_deltas
 from deepinfer_harness.topology import (
     V41_KV_SHARING_GROUPS,
     illegal_boundaries,
@@ -341,7 +342,7 @@ class AB:
     aa: bool = False  # both arms are the same build on purpose: nothing is marked better or worse
     bootstrap_resamples: int = 10_000
     seed: int = 0
-    deltas: dict[str, float] = field(default_factory=lambda: {"decode_tok_s": 0.02, "ttft_ms": 0.03})
+    deltas: dict[str, float] = field(default_factory=default_deltas)  # declared per metric (metric_table)
     # the numeric parity certificate's tolerances, declared before the run (docs/AB_METHOD.md):
     # nll_doc_abs = largest |NLL_B − NLL_A| per document (nats/token), nll_doc_z = largest
     # per-document |z| = |mean of NLL_B,t − NLL_A,t| / (its SD/√positions), greedy_match = least

@@ -9,14 +9,13 @@ token match) come from the JSONL through the one reader.
 from __future__ import annotations
 
 import math
-import re
 import statistics
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from deepinfer_harness.analysis.metrics import DEFAULT_PERCENTILES, METRICS, nll_of, pkey
+from deepinfer_harness.analysis.metrics import DEFAULT_PERCENTILES, nll_of
 from deepinfer_harness.analysis.reader import RunReader
 from deepinfer_harness.analysis.stats import (
     MIN_PAIRS,
@@ -35,44 +34,8 @@ from deepinfer_harness.analysis.stats import (
     two_level_ratio,
 )
 from deepinfer_harness.layout import RunKey
+from deepinfer_harness.metric_table import compared, higher_is_better, parse_key
 
-COMPARED_METRICS = {
-    "prefill-cold": ["median_ttft_ms", "prefill_tok_s", "client_prefill_tok_s"],
-    "ttft": ["median_ttft_ms", "p99_ttft_ms", "frontend_overhead_ms"],
-    "decode": [
-        "decode_tok_s",
-        "mean_tpot_ms",
-        "decode_steps_per_s",
-        "mean_tokens_per_chunk",
-        "spec_decode_acceptance_length",
-        "ttft_under_load_ms",
-        "median_itl_ms",  # step latency under speculation (vLLM bench's itl), compared like the rest
-        "p99_itl_ms",
-        "median_e2el_ms",
-    ],
-    "nll": ["nll_mean"],
-    "greedy": ["mean_tpot_ms", "median_e2el_ms"],
-    # open loop: what the server sustained at the offered rate, and what queueing did to latency
-    "rate": [
-        "request_throughput",
-        "output_throughput",
-        "median_ttft_ms",
-        "mean_tpot_ms",
-        "median_itl_ms",
-        "median_e2el_ms",
-    ],
-    "prefix": ["median_ttft_ms", "mean_tpot_ms", "median_e2el_ms", "prefix_cache_hit_rate"],
-    "chat": ["median_ttft_ms", "mean_tpot_ms", "median_itl_ms", "median_e2el_ms"],
-}
-# latencies whose selected percentiles (plan.percentiles, 50 = the median above) are compared too
-PERCENTILE_METRICS = {
-    "ttft": ["ttft"],
-    "decode": ["itl", "e2el"],
-    "rate": ["ttft", "tpot", "itl", "e2el"],
-    "prefix": ["ttft", "e2el"],
-    "chat": ["ttft", "tpot", "itl", "e2el"],
-}
-GOODPUT_METRICS = ["goodput_req_s", "slo_attainment"]  # present only when the plan sets SLOs
 Samples = dict[tuple[str, int], list[float]]
 
 
@@ -117,21 +80,10 @@ class CellRuns:
 def metrics_for(
     kind: str, runs: list[dict[str, Any]], percentiles: tuple[float, ...] = DEFAULT_PERCENTILES
 ) -> list[str]:
-    """The kind's fixed metrics, the selected percentiles of its latencies, goodput when SLOs are
-    set, and per-position acceptance (the acceptance gate) when present."""
-    positions = sorted({k for r in runs for k in r if k.startswith("spec_decode_accept_p")})
-    out = list(COMPARED_METRICS[kind])
-    for name in PERCENTILE_METRICS.get(kind, []):
-        out += [f"{pkey(q)}_{name}_ms" for q in percentiles if q != 50 and f"{pkey(q)}_{name}_ms" not in out]
-    if kind != "nll":
-        out += [m for m in GOODPUT_METRICS if any(m in r for r in runs)]
-    return out + (positions if kind == "decode" else [])
-
-
-def higher_is_better(metric: str) -> bool:
-    base = re.sub(r"^(median_|mean_|p[\d.]+_)", "", metric)
-    known = METRICS.get(base) or METRICS.get(metric)
-    return known.higher_is_better if known else not metric.endswith("_ms")
+    """The keys compared for one cell kind, as metric_table declares them: the kind's fixed
+    aggregates, the selected percentiles of its latencies, goodput when SLOs are set, and
+    per-position acceptance (the acceptance gate) when present."""
+    return compared(kind, {k for r in runs for k in r}, percentiles)
 
 
 def _finite(values: list[Any]) -> list[float]:
@@ -153,8 +105,7 @@ def arm(cell: CellRuns, variant: str, metric: str) -> dict[str, Any]:
 
 
 def _quantile(metric: str) -> float | None:
-    m = re.match(r"^p(\d+(?:\.\d+)?)_", metric)
-    return float(m.group(1)) if m else None
+    return parse_key(metric).quantile
 
 
 def compare_metric(

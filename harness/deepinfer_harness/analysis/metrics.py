@@ -1,4 +1,5 @@
-"""Metric definitions (docs/AB_METHOD.md, metrics), declared once; integers in ns inside, ms/s only on output.
+"""Metric formulas (docs/AB_METHOD.md, metrics; the declarations: metric_table.py); integers in ns
+inside, ms/s only on output.
 
 t0 = t_send_ns, τ_j = event_times_ns[j] (content events, stamped on read), k_j = tokens in event j,
 N = usage.completion_tokens, m = number of content events.
@@ -9,44 +10,10 @@ from __future__ import annotations
 import itertools
 import math
 import statistics
-from dataclasses import dataclass
 
 from deepinfer_harness.analysis.stats import percentile
+from deepinfer_harness.metric_table import pkey
 from deepinfer_harness.records import RequestRecord
-
-
-@dataclass(frozen=True)
-class Metric:
-    name: str
-    higher_is_better: bool
-    doc: str
-
-
-METRICS = {
-    m.name: m
-    for m in [
-        Metric("ttft_ms", False, "τ1 − t0"),
-        Metric("e2el_ms", False, "τm − t0 (usage event excluded)"),
-        Metric("tpot_ms", False, "(τm − τ1)/(N − 1), N ≥ 2"),
-        Metric("itl_ms", False, "τj − τj−1, j ≥ 2: the step latency under speculative decoding"),
-        Metric("itl_per_token_ms", False, "each gap_j/k_j repeated k_j times; a derived view"),
-        Metric(
-            "decode_tok_s", True, "cell: in-window tokens (first event of each request excluded) / window"
-        ),
-        Metric("decode_steps_per_s", True, "cell: in-window content events (first excluded) / window"),
-        Metric("mean_tokens_per_chunk", True, "in-window tokens / in-window events = acceptance length seen"),
-        Metric("prefill_tok_s", True, "ISL / server time_to_first_token_ms"),
-        Metric("client_prefill_tok_s", True, "ISL / client TTFT"),
-        Metric("spec_decode_acceptance_length", True, "1 + Δaccepted tokens / Δdrafts (Prometheus counters)"),
-        Metric("nll_mean", False, "mean over docs of mean −logprob(actual token), positions 1…n−1"),
-        Metric("frontend_overhead_ms", False, "ttft − queue_time_ms − server time_to_first_token_ms"),
-        Metric("request_throughput", True, "completed requests / (last end − first send)"),
-        Metric("output_throughput", True, "output tokens / (last end − first send)"),
-        Metric("goodput_req_s", True, "requests meeting every SLO of plan.slo / (last end − first send)"),
-        Metric("slo_attainment", True, "share of measured requests meeting every SLO (failed ones do not)"),
-        Metric("prefix_cache_hit_rate", True, "Δprefix_cache_hits / Δprefix_cache_queries (tokens)"),
-    ]
-}
 
 
 def ttft_ns(r: RequestRecord) -> int | None:
@@ -136,11 +103,6 @@ def inflight_fraction(records: list[RequestRecord], target: int, t_open_ns: int,
 
 
 DEFAULT_PERCENTILES = (50.0, 90.0, 99.0)
-
-
-def pkey(q: float) -> str:
-    """`p99`, `p99.9`: the percentile's prefix in a summary key (vllm bench serve's names)."""
-    return f"p{q:g}"
 
 
 def describe_ms(

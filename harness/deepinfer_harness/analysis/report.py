@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 import platform
-import re
 from datetime import UTC, datetime
 from typing import Any
 
@@ -30,34 +29,9 @@ from deepinfer_harness.analysis.run_summary import limits_of, write_summary
 from deepinfer_harness.analysis.stats import MIN_PAIRS
 from deepinfer_harness.cells import parse_cell
 from deepinfer_harness.layout import RunKey, RunLayout, read_json, write_json
+from deepinfer_harness.metric_table import RUN_COLUMNS, delta_name, per_request_latency
 from deepinfer_harness.records import RequestRecord
 
-RUN_COLUMNS = [
-    "cell_id",
-    "variant",
-    "rep",
-    "session",
-    "completed",
-    "failed",
-    "median_ttft_ms",
-    "mean_tpot_ms",
-    "decode_tok_s",
-    "prefill_tok_s",
-    "nll_mean",
-    "prefix_cache_queries",
-    "prefix_cache_hits",
-    "prefix_cache_hit_rate",
-    "server_generation_tokens",
-    "isl_mean",
-    "isl_std",
-    "osl_mean",
-    "osl_std",
-    "offered_rate",
-    "request_throughput",
-    "goodput_req_s",
-    "slo_attainment",
-    "valid",
-]
 PM = "±"  # always printed as "mean ± sd (n runs)"
 
 
@@ -144,14 +118,6 @@ def latency_samples(reader: RunReader, cell_id: str, keys: list[tuple[str, int]]
     return {k: [x for r in reader.measured_ok(RunKey(cell_id, *k)) for x in values(r)] for k in keys}
 
 
-def _latency_name(metric: str) -> str | None:
-    """`p99_e2el_ms` → `e2el` for the per-request latencies, else None. ITL percentiles stay one
-    statistic per run: a decode run holds 10⁴–10⁵ gaps, and resampling them 10⁴ times would need
-    10⁹ draws per run."""
-    m = re.match(r"^p[\d.]+_(ttft|tpot|e2el)_ms$", metric)
-    return m.group(1) if m else None
-
-
 def _cells(manifest: dict[str, Any], runs: list[dict[str, Any]], parity_ok: bool) -> list[CellRuns]:
     definitions = {c["cell_id"]: c for c in manifest["cells"]}
     expected = [(s["variant"], s["rep"]) for s in manifest["schedule"]]
@@ -193,8 +159,8 @@ def build_report(layout: RunLayout, numerics_tolerances: dict[str, float] | None
         if not cell.runs:
             continue
         for metric in metrics_for(cell.kind, list(cell.runs.values()), percentiles):
-            delta = ab_cfg["deltas"].get(metric.removeprefix("median_").removeprefix("mean_"))
-            name = _latency_name(metric)
+            delta = ab_cfg["deltas"].get(delta_name(metric))
+            name = per_request_latency(metric)
             samples = latency_samples(reader, cell.cell_id, list(cell.runs), name) if name else None
             row = compare_metric(
                 cell, metric, ab_cfg["bootstrap_resamples"], ab_cfg["seed"], delta, samples, aa_run
