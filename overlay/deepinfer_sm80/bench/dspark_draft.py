@@ -42,6 +42,8 @@ POISON_TOKEN = -0x5A5A5A5A
 POISON_LOGIT = -3.25
 DEVICE = "cuda"
 ENV_QUICK = "DEEPINFER_BENCH_DSPARK_QUICK"  # "1": per-step sweep at TP1 only (the chain and checks in full)
+# scripts/h200_final.sh runs this bench in its phase 1 (quick mode fits the short lease; no TileLang)
+H200_FINAL_PHASE = 1
 
 
 # ----------------------------------------------------------------------------- upstream stand-in
