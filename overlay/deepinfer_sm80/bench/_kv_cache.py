@@ -1,5 +1,6 @@
 """Shared body of bench/kv_gather.py and bench/kv_quant_insert.py: bitwise vs upstream vLLM 0.32.0's own
-kernels, then base / optimized / upstream timed (gather 4K..1M tokens, insert 1..8192 tokens).
+kernels (the cases and checks live in testing/cases/kv_gather.py and kv_quant_insert.py, which the op tests
+assert too), then base / optimized / upstream timed (gather 4K..1M tokens, insert 1..8192 tokens).
 
 Upstream runs from the carried bundle; its kernels use tl.float8e4nv, so this needs sm_89+ (the H200).
 """
@@ -14,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from deepinfer_sm80.formats.fp8_ds_mla import DATA_BYTES, RECORD_BYTES, token_views
+from deepinfer_sm80.formats.fp8_ds_mla import DATA_BYTES, RECORD_BYTES
 from deepinfer_sm80.ops import kv_gather as kvg
 from deepinfer_sm80.ops import kv_quant_insert as kvi
 from deepinfer_sm80.testing.bench import (
@@ -27,7 +28,8 @@ from deepinfer_sm80.testing.bench import (
     summarize,
     time_graph,
 )
-from deepinfer_sm80.testing.compare import MismatchError, assert_bitwise_equal
+from deepinfer_sm80.testing.cases import kv_gather as gather_cases
+from deepinfer_sm80.testing.cases import kv_quant_insert as insert_cases
 from deepinfer_sm80.testing.inputs import avoid_seven_pow2, block_table, k_rows, page_pool
 
 # DEEPINFER_BENCH_QUICK=1: base / DeepInfer / upstream only (no tile or grid sweeps), for a short lease
@@ -72,87 +74,7 @@ def prefill_slots(tokens: int, num_blocks: int, block_size: int, gen: torch.Gene
     return pages[pos // block_size] * block_size + pos % block_size
 
 
-# ----------------------------------------------------------------------------- helpers
-def _pool_of(view: torch.Tensor) -> torch.Tensor:
-    return view._base if view._base is not None else view
-
-
-def _clone_view(view: torch.Tensor) -> torch.Tensor:
-    return _pool_of(view).clone().as_strided(view.shape, view.stride(), view.storage_offset())
-
-
-def _equal(name: str, out: torch.Tensor, ref: torch.Tensor) -> dict[str, object]:
-    try:
-        assert_bitwise_equal(name, out, ref)
-        return {"bitwise": True}
-    except MismatchError as err:
-        print(f"MISMATCH {err}")
-        return {"bitwise": False, "error": str(err)[:400]}
-
-
 # ----------------------------------------------------------------------------- insert
-def insert_correctness(cu: object, gen: torch.Generator) -> dict[str, object]:
-    out: dict[str, object] = {}
-    for tokens, bs, slot_dtype in (
-        (1, 32, torch.int64),
-        (37, 32, torch.int32),
-        (1536, 128, torch.int64),
-        (8192, 64, torch.int64),
-    ):
-        num_blocks = -(-tokens // bs) * 2 + 1
-        cache = random_pool(num_blocks, bs, gen, valid=False)
-        k = avoid_seven_pow2(random_k(tokens, gen))
-        k[:, 448:] = torch.randint(
-            -(2**15), 2**15, (tokens, 64), dtype=torch.int16, device="cuda", generator=gen
-        ).view(torch.bfloat16)  # RoPE: any bits, NaN/inf/-0 included
-        slots = torch.randperm(num_blocks * bs, device="cuda", generator=gen)[:tokens]
-        slots[torch.randperm(tokens, device="cuda", generator=gen)[: tokens // 7]] = -1
-        slots = slots.to(slot_dtype)
-        caches = {name: _clone_view(cache) for name in ("upstream", "base", "optimized", "reference")}
-        cu.quantize_and_insert_k_cache(k, caches["upstream"], slots.long(), block_size=bs)  # type: ignore[attr-defined]
-        kvi.base_quantize_and_insert_k_cache(k, caches["base"], slots, bs)
-        kvi.quantize_and_insert_k_cache(k, caches["optimized"], slots, bs)
-        kvi.quantize_and_insert_ref(k, caches["reference"], slots, bs)
-        want = _pool_of(caches["upstream"])
-        out[f"T{tokens}-bs{bs}-{str(slot_dtype)[6:]}"] = {
-            name: _equal(f"insert {name} T={tokens}", _pool_of(caches[name]), want)
-            for name in ("base", "optimized", "reference")
-        }
-    out["amax_7x2^j"] = _seven_pow2_probe(cu, gen)
-    return out
-
-
-def _seven_pow2_probe(cu: object, gen: torch.Generator) -> dict[str, object]:
-    """Which exponent upstream's `ceil(log2(amax / 448))` picks when amax = 7·2^j exactly."""
-    j = torch.arange(-13, 100, device="cuda")
-    tokens = len(j)
-    x = torch.randn(tokens, 512, device="cuda", generator=gen).clamp(-6.9, 6.9)
-    x[:, :448] *= torch.exp2(j.float())[:, None]
-    x[:, 0:448:64] = 7.0 * torch.exp2(j.float())[:, None]
-    k = x.bfloat16()
-    cache = random_pool(2, 128, gen, valid=False)
-    slots = torch.arange(tokens, device="cuda")
-    runs = {n: _clone_view(cache) for n in ("upstream", "base", "optimized")}
-    cu.quantize_and_insert_k_cache(k, runs["upstream"], slots, block_size=128)  # type: ignore[attr-defined]
-    kvi.base_quantize_and_insert_k_cache(k, runs["base"], slots, 128)
-    kvi.quantize_and_insert_k_cache(k, runs["optimized"], slots, 128)
-    exact = (j - 6 + 127).tolist()
-    picked = {n: token_views(c, 128)[1][0, :tokens, :7].long() for n, c in runs.items()}
-    result: dict[str, object] = {"groups": tokens * 7}
-    for n, s in picked.items():
-        lower = int((s == torch.tensor(exact, device="cuda")[:, None]).sum())
-        result[n] = {
-            "exact_lower_exponent": lower,
-            "upper_exponent": int((s == torch.tensor(exact, device="cuda")[:, None] + 1).sum()),
-        }
-    result["base_vs_upstream"] = _equal("7·2^j base", _pool_of(runs["base"]), _pool_of(runs["upstream"]))
-    result["optimized_vs_upstream"] = _equal(
-        "7·2^j optimized", _pool_of(runs["optimized"]), _pool_of(runs["upstream"])
-    )
-    print(f"amax=7·2^j probe: {result}")
-    return result
-
-
 def insert_timings(cu: object, ceilings: Ceilings, gen: torch.Generator) -> list[dict[str, object]]:
     return [_insert_size(cu, tokens, ceilings, gen) for tokens in INSERT_TOKENS]
 
@@ -219,42 +141,6 @@ def _report(timings: dict[str, Timing], **meta: object) -> dict[str, object]:
 
 
 # ----------------------------------------------------------------------------- gather
-def gather_correctness(cu: object, gen: torch.Generator) -> dict[str, object]:
-    out: dict[str, object] = {}
-    cases = (  # (name, seq_lens, gather_lens or None, block_size, offset)
-        ("swa-3req-offset", [40, 500, 7], [33, 127, 7], 32, 11),
-        ("compressed-bs128", [3000], None, 128, 0),
-        ("compressed-bs64-2req", [700, 129], None, 64, 0),
-        ("zero-length", [0, 50], [0, 20], 32, 5),
-        ("48K", [49_152], None, 128, 0),
-    )
-    for name, seq, gather, bs, offset in cases:
-        num_blocks = sum(-(-s // bs) for s in seq) + 3
-        cache = random_pool(num_blocks, bs, gen, valid=False)
-        table = block_table_for(seq, num_blocks, bs, gen)
-        lens = gather or seq
-        rows = offset + max(lens) + 9
-        poison = torch.randint(
-            -(2**15), 2**15, (len(seq), rows, 512), dtype=torch.int16, device="cuda", generator=gen
-        ).view(torch.bfloat16)
-        seq_t = torch.tensor(seq, dtype=torch.int32, device="cuda")
-        gl_t = None if gather is None else torch.tensor(gather, dtype=torch.int32, device="cuda")
-        outs = {n: poison.clone() for n in ("upstream", "base", "optimized", "reference")}
-        cu.dequantize_and_gather_k_cache_triton(  # type: ignore[attr-defined]
-            outs["upstream"], cache, seq_t, gl_t, table, bs, offset, max_gather_len=max(lens)
-        )
-        kvg.base_dequantize_and_gather_k_cache(
-            outs["base"], cache, seq_t, gl_t, table, bs, offset, max_gather_len=max(lens)
-        )
-        kvg.dequantize_and_gather_k_cache(outs["optimized"], cache, seq_t, gl_t, table, bs, offset)
-        kvg.dequantize_and_gather_ref(outs["reference"], cache, seq_t, gl_t, table, bs, offset)
-        out[name] = {
-            n: _equal(f"gather {n} {name}", outs[n], outs["upstream"])
-            for n in ("base", "optimized", "reference")
-        }
-    return out
-
-
 def gather_timings(cu: object, ceilings: Ceilings, gen: torch.Generator) -> list[dict[str, object]]:
     rows = []
     for tokens in GATHER_TOKENS:
@@ -362,8 +248,8 @@ def run(op: str, ceilings: Ceilings) -> dict[str, object]:
     gen = torch.Generator(device="cuda").manual_seed(20261129)
     fns: dict[str, Callable[[], object]] = {
         "gather_mix_probe": lambda: mix_probe(ceilings),
-        "insert_correctness": lambda: insert_correctness(cu, gen),
-        "gather_correctness": lambda: gather_correctness(cu, gen),
+        "insert_correctness": lambda: insert_cases.upstream_bitwise(cu, gen),
+        "gather_correctness": lambda: gather_cases.upstream_bitwise(cu, gen),
         "gather": lambda: gather_timings(cu, ceilings, gen),
         "insert": lambda: insert_timings(cu, ceilings, gen),
     }

@@ -260,3 +260,16 @@ def test_matches_upstream_kernel(case, impl):
         max_gather_len=case.max_gather_len,
     )
     assert_bitwise_equal(f"gather[{impl}] vs upstream {seed_note(case.name)}", out, want)
+
+
+@requires_sm(8, 9)  # upstream's gather bitcasts tl.float8e4nv, which needs hardware e4m3 (sm_89+)
+def test_bench_cases_match_upstream_kernel():
+    # the cases bench/kv_gather.py records in its JSON: poisoned outputs with spare rows, zero lengths, 48K
+    from deepinfer_sm80.testing.cases import kv_gather as cases
+    from deepinfer_sm80.testing.cases.upstream_records import mismatches
+
+    cu = pytest.importorskip("vllm.models.deepseek_v41.common.ops.cache_utils")
+    name = "kv-gather-upstream-cases"
+    records = cases.upstream_bitwise(cu, generator(name, "cuda"))
+    assert set(records) == {c[0] for c in cases.UPSTREAM_CASES}
+    assert not mismatches(records), f"{seed_note(name)}: {mismatches(records)}"

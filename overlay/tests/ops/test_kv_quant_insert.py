@@ -255,3 +255,16 @@ def test_matches_upstream_kernel(case, impl):
     cu.quantize_and_insert_k_cache(k.contiguous(), want, slots, block_size=case.block_size)
     IMPLS[impl](k, got, slots, case.block_size)
     assert_bitwise_equal(f"insert[{impl}] vs upstream {seed_note(case.name)}", pool(got), pool(want))
+
+
+@requires_sm(8, 9)  # upstream's writer lowers tl.float8e4nv, which needs hardware e4m3 (sm_89+)
+def test_bench_cases_match_upstream_kernel():
+    # the cases bench/kv_quant_insert.py records in its JSON: T=8192, int32 slots, RoPE of any bits, 7·2^j
+    from deepinfer_sm80.testing.cases import kv_quant_insert as cases
+    from deepinfer_sm80.testing.cases.upstream_records import mismatches
+
+    cu = pytest.importorskip("vllm.models.deepseek_v41.common.ops.cache_utils")
+    name = "kv-insert-upstream-cases"
+    records = cases.upstream_bitwise(cu, generator(name, "cuda"))
+    assert set(records) == {f"T{t}-bs{bs}-{d}" for t, bs, d in cases.UPSTREAM_CASES} | {"amax_7x2^j"}
+    assert not mismatches(records), f"{seed_note(name)}: {mismatches(records)}"

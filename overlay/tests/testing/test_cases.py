@@ -23,3 +23,26 @@ def test_every_case_names_a_row_with_two_kernels():
 def test_every_row_with_two_kernels_has_a_case():
     missing = _distinct_kernel_rows() - set(entry_point_cases())
     assert not missing, f"rows with base != optimized kernels but no ENTRY_POINT_CASES: {sorted(missing)}"
+
+
+def test_upstream_records_name_every_mismatch():
+    import torch
+
+    from deepinfer_sm80.testing.cases.upstream_records import bitwise_record, clone_view, mismatches, pool_of
+
+    a = torch.arange(12, dtype=torch.int32)
+    b = a.clone()
+    b[5] = -1
+    assert bitwise_record("same", a, a.clone()) == {"bitwise": True}
+    bad = bitwise_record("differs", a, b)
+    assert bad["bitwise"] is False and "differs" in str(bad["error"])
+    records = {
+        "T1": {"base": {"bitwise": True}, "optimized": bad},
+        "probe": {"groups": 7, "x": {"bitwise": True}},
+    }
+    assert [m.split(":")[0] for m in mismatches(records)] == ["T1/optimized"]
+    assert mismatches({"T1": {"base": {"bitwise": True}}}) == []
+    view = a.view(3, 4)[1:]
+    copy = clone_view(view)
+    assert torch.equal(copy, view) and pool_of(copy).data_ptr() != pool_of(view).data_ptr()
+    assert pool_of(copy).numel() == 12

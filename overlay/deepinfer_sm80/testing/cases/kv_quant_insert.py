@@ -1,4 +1,6 @@
-"""Cases of the KV insert (row `kv_insert`, ops/kv_quant_insert.py): the entry-point A/B prefill shapes."""
+"""Cases of the KV insert (row `kv_insert`, ops/kv_quant_insert.py): the entry-point A/B prefill shapes, and
+the bitwise cases against upstream's kernel (sm_89+) that bench/kv_quant_insert.py records in its JSON and
+tests/ops/test_kv_quant_insert.py asserts."""
 
 from __future__ import annotations
 
@@ -6,6 +8,10 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from deepinfer_sm80.testing.cases.entry_point import Shape, bitwise
+from deepinfer_sm80.testing.cases.upstream_records import bitwise_record, clone_view, pool_of
+
+# (tokens, block size, slot dtype): one token, int32 slots, a prefill chunk, the largest insert timed
+UPSTREAM_CASES = ((1, 32, "int64"), (37, 32, "int32"), (1536, 128, "int64"), (8192, 64, "int64"))
 
 
 def entry_point_shapes(quick: bool) -> Iterator[Shape]:
@@ -39,6 +45,78 @@ def entry_point_shapes(quick: bool) -> Iterator[Shape]:
             return run
 
         yield Shape(f"prefill-T{tokens}", tokens, n_bytes, make, n_sets, bitwise)
+
+
+def upstream_bitwise(cu: Any, gen: Any) -> dict[str, object]:
+    """Base, optimized and the torch reference vs upstream's `quantize_and_insert_k_cache` (module `cu`) on
+    the whole pool: random slots with a seventh skipped (-1), RoPE columns of any bits (NaN/inf/-0)."""
+    import torch
+
+    from deepinfer_sm80.ops import kv_quant_insert as kvi
+    from deepinfer_sm80.testing.inputs import avoid_seven_pow2, k_rows, page_pool
+
+    out: dict[str, object] = {}
+    for tokens, bs, slot_dtype in UPSTREAM_CASES:
+        num_blocks = -(-tokens // bs) * 2 + 1
+        cache = page_pool(num_blocks, bs, gen, device="cuda", valid=False)
+        k = avoid_seven_pow2(k_rows(tokens, gen, device="cuda", rope_bits=False))
+        k[:, 448:] = torch.randint(
+            -(2**15), 2**15, (tokens, 64), dtype=torch.int16, device="cuda", generator=gen
+        ).view(torch.bfloat16)  # RoPE: any bits, NaN/inf/-0 included
+        slots = torch.randperm(num_blocks * bs, device="cuda", generator=gen)[:tokens]
+        slots[torch.randperm(tokens, device="cuda", generator=gen)[: tokens // 7]] = -1
+        slots = slots.to(getattr(torch, slot_dtype))
+        caches = {name: clone_view(cache) for name in ("upstream", "base", "optimized", "reference")}
+        cu.quantize_and_insert_k_cache(k, caches["upstream"], slots.long(), block_size=bs)
+        kvi.base_quantize_and_insert_k_cache(k, caches["base"], slots, bs)
+        kvi.quantize_and_insert_k_cache(k, caches["optimized"], slots, bs)
+        kvi.quantize_and_insert_ref(k, caches["reference"], slots, bs)
+        want = pool_of(caches["upstream"])
+        out[f"T{tokens}-bs{bs}-{slot_dtype}"] = {
+            name: bitwise_record(f"insert {name} T={tokens}", pool_of(caches[name]), want)
+            for name in ("base", "optimized", "reference")
+        }
+    out["amax_7x2^j"] = seven_pow2_probe(cu, gen)
+    return out
+
+
+def seven_pow2_probe(cu: Any, gen: Any) -> dict[str, object]:
+    """Which exponent upstream's `ceil(log2(amax / 448))` picks when amax = 7·2^j exactly, beside ours."""
+    import torch
+
+    from deepinfer_sm80.formats.fp8_ds_mla import token_views
+    from deepinfer_sm80.ops import kv_quant_insert as kvi
+    from deepinfer_sm80.testing.inputs import page_pool
+
+    j = torch.arange(-13, 100, device="cuda")
+    tokens = len(j)
+    x = torch.randn(tokens, 512, device="cuda", generator=gen).clamp(-6.9, 6.9)
+    x[:, :448] *= torch.exp2(j.float())[:, None]
+    x[:, 0:448:64] = 7.0 * torch.exp2(j.float())[:, None]
+    k = x.bfloat16()
+    cache = page_pool(2, 128, gen, device="cuda", valid=False)
+    slots = torch.arange(tokens, device="cuda")
+    runs = {n: clone_view(cache) for n in ("upstream", "base", "optimized")}
+    cu.quantize_and_insert_k_cache(k, runs["upstream"], slots, block_size=128)
+    kvi.base_quantize_and_insert_k_cache(k, runs["base"], slots, 128)
+    kvi.quantize_and_insert_k_cache(k, runs["optimized"], slots, 128)
+    exact = (j - 6 + 127).tolist()
+    picked = {n: token_views(c, 128)[1][0, :tokens, :7].long() for n, c in runs.items()}
+    result: dict[str, object] = {"groups": tokens * 7}
+    for n, s in picked.items():
+        lower = int((s == torch.tensor(exact, device="cuda")[:, None]).sum())
+        result[n] = {
+            "exact_lower_exponent": lower,
+            "upper_exponent": int((s == torch.tensor(exact, device="cuda")[:, None] + 1).sum()),
+        }
+    result["base_vs_upstream"] = bitwise_record(
+        "7·2^j base", pool_of(runs["base"]), pool_of(runs["upstream"])
+    )
+    result["optimized_vs_upstream"] = bitwise_record(
+        "7·2^j optimized", pool_of(runs["optimized"]), pool_of(runs["upstream"])
+    )
+    print(f"amax=7·2^j probe: {result}")
+    return result
 
 
 ENTRY_POINT_CASES = {"kv_insert": entry_point_shapes}
