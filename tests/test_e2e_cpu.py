@@ -202,3 +202,18 @@ def test_nll_shift_gate_is_a_failing_target() -> None:
     t = _target("x/prompt_nll_shift_abs_z", 4.2, NLL_SHIFT_Z, "standard errors", "max", True, "shift")
     assert not t["met"] and t["direction"] == "<="
     assert not _target("x", None, NLL_SHIFT_Z, "standard errors", "max", True)["met"]
+
+
+def test_a_prefix_case_asks_for_no_prompt_logprobs_and_is_judged_by_greedy_only() -> None:
+    """vLLM 0.32.0 skips reading the prefix cache for any request with prompt logprobs
+    (SamplingParams: skip_reading_prefix_cache), so the prefix case must not ask for them."""
+    from deepinfer_sm80.testing.e2e import runner
+    from deepinfer_sm80.testing.e2e.compare import compare_case
+
+    main = next(e for e in runner.plan("full", True) if e.name == "main")
+    asks = {c["name"]: c["prompt_logprobs"] for c in runner.worker_cases(main)}
+    assert asks == {"short": True, "long_chunked": True, "prefix_hit": False}
+    oracle = _FixedOracle()
+    prompt = list(range(1, 20))
+    result = compare_case(oracle, {"prompt": prompt, "tokens": [], "prompt_logprobs": None})
+    assert not result["nll_compared"] and result["nll_abs_diff"] is None

@@ -62,7 +62,8 @@ def compare_case(oracle: Any, result: dict[str, Any]) -> dict[str, Any]:
     logits = oracle.logits(seq).float()  # [T, vocab]
     want_prompt = _prompt_logprobs(logits, prompt)
     got_prompt = result["prompt_logprobs"]
-    pairs = [(g, w) for g, w in zip(got_prompt, want_prompt, strict=False) if g is not None]
+    requested = got_prompt is not None  # None: the case asked for none (a prefix-cache read, runner.Case)
+    pairs = [(g, w) for g, w in zip(got_prompt or [], want_prompt, strict=False) if g is not None]
     nll_diff: float | None
     max_tok: float | None
     if len(pairs) != len(want_prompt) or not pairs:
@@ -74,7 +75,7 @@ def compare_case(oracle: Any, result: dict[str, Any]) -> dict[str, Any]:
     shift = shift_stats([w - g for g, w in pairs]) if nll_diff is not None else shift_stats([])
     noise_sd: dict[str, float | None] = {"engine": shift["sd"]}
     noisy = getattr(oracle, "noise_logits", None)
-    for mode in NOISE_MODES if noisy is not None else ():
+    for mode in NOISE_MODES if noisy is not None and requested else ():
         other = _prompt_logprobs(noisy(seq, mode), prompt)
         noise_sd[mode] = shift_stats([a - b for a, b in zip(other, want_prompt, strict=True)])["sd"]
     mismatches, compared, near_ties, margins = 0, 0, 0, []
@@ -102,6 +103,7 @@ def compare_case(oracle: Any, result: dict[str, Any]) -> dict[str, Any]:
         "nll_shift_se": shift["se"],
         "nll_shift_z": shift["z"],
         "noise_sd": noise_sd,
+        "nll_compared": requested,
         "nll_tol": nll_tol,
         "token_tol": token_tol,
         "margin_tol": margin_tol,

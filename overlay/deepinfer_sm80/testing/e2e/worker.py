@@ -62,7 +62,7 @@ def run(plan: dict[str, Any]) -> dict[str, Any]:
             max_tokens=case["max_tokens"],
             temperature=0.0,
             logprobs=case.get("logprobs", 2),
-            prompt_logprobs=0,
+            prompt_logprobs=0 if case.get("prompt_logprobs", True) else None,
         )
         before = coverage.snapshot()
         t, c = time.perf_counter(), _cpu()
@@ -77,7 +77,9 @@ def run(plan: dict[str, Any]) -> dict[str, Any]:
                     "prompt": prompt,
                     "tokens": list(gen.token_ids),
                     "logprobs": _step_logprobs(list(gen.token_ids), gen.logprobs),
-                    "prompt_logprobs": _prompt_logprobs(prompt, out.prompt_logprobs),
+                    "prompt_logprobs": _prompt_logprobs(prompt, out.prompt_logprobs)
+                    if case.get("prompt_logprobs", True)
+                    else None,
                     "num_cached_tokens": int(out.num_cached_tokens or 0),
                 }
             )
