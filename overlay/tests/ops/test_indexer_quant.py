@@ -1,7 +1,8 @@
 """Indexer Q quantizer and K writer vs torch emulations of upstream's rounding: bytes and scales bitwise.
 
 The whole page pool is compared, so a stray or missing write shows. Upstream's own hardware-fp8
-kernels are compared on the H200 by bench/indexer.py (same inputs, bitwise).
+kernels are compared on sm_89+ by test_bench_cases_match_upstream_kernels (testing/cases/indexer.py, the
+cases bench/indexer.py records in its JSON; same inputs, bitwise).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import torch
 from deepinfer_sm80.formats.indexer_k import RECORD_BYTES, make_k_cache, page_bytes, state_views
 from deepinfer_sm80.ops.indexer import k_store, q_quant
 from deepinfer_sm80.testing.compare import assert_bitwise_equal
-from deepinfer_sm80.testing.gates import test_device
+from deepinfer_sm80.testing.gates import requires_sm, test_device
 from deepinfer_sm80.testing.inputs import generator, seed_note
 
 DEV = test_device()
@@ -131,3 +132,16 @@ def test_k_cache_views_follow_page_stride() -> None:
     codes, scales = state_views(cache)
     assert codes.shape == (3, 64, 128) and scales.shape == (3, 64)
     assert scales.data_ptr() - cache.data_ptr() == 64 * 128
+
+
+@requires_sm(8, 9)  # upstream's Q and K writers lower tl.float8e4nv, which needs hardware e4m3 (sm_89+)
+def test_bench_cases_match_upstream_kernels():
+    # the cases bench/indexer.py records (`quant`): 4096 tokens, 7·2^j maxima, ratios 1 and 2, skipped slots
+    pytest.importorskip("vllm.models.deepseek_v41.common.ops.indexer_k_store")
+    from deepinfer_sm80.testing.cases import indexer as cases
+
+    counts = cases.upstream_quant_bytes("cuda")
+    differ = {k: v for k, v in counts.items() if k.endswith("differ")}
+    assert set(differ) == {"q_bytes_differ", "q_weights_differ", "k_r1_bytes_differ", "k_r2_bytes_differ"}
+    assert all(v == 0 for v in differ.values()), differ
+    assert counts["k_r1_records"] > 0 and counts["k_r2_records"] > 0  # the K comparison wrote records
