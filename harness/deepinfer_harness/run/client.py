@@ -43,14 +43,7 @@ def completion_body(
         "model": model,
         "prompt": prompt,
         "max_tokens": max_tokens,
-        "min_tokens": max_tokens,
-        "ignore_eos": True,
-        "temperature": 0.0,
-        "top_p": 1.0,
-        "top_k": -1,
-        "seed": seed,
-        "cache_salt": salt,
-        "request_id": request_id,
+        **_pinned(max_tokens, seed, salt, request_id),
         "stream": stream,
     }
     if stream:
@@ -60,6 +53,20 @@ def completion_body(
     if prompt_logprobs is not None:
         body["prompt_logprobs"] = prompt_logprobs
     return body
+
+
+def _pinned(max_tokens: int, seed: int, salt: str, request_id: str) -> dict[str, Any]:
+    """The sampling every request pins: exactly max_tokens greedy tokens, its seed, salt and id."""
+    return {
+        "min_tokens": max_tokens,
+        "ignore_eos": True,
+        "temperature": 0.0,
+        "top_p": 1.0,
+        "top_k": -1,
+        "seed": seed,
+        "cache_salt": salt,
+        "request_id": request_id,
+    }
 
 
 def chat_body(
@@ -80,14 +87,7 @@ def chat_body(
         "model": model,
         "messages": messages,
         "max_completion_tokens": max_tokens,
-        "min_tokens": max_tokens,
-        "ignore_eos": True,
-        "temperature": 0.0,
-        "top_p": 1.0,
-        "top_k": -1,
-        "seed": seed,
-        "cache_salt": salt,
-        "request_id": request_id,
+        **_pinned(max_tokens, seed, salt, request_id),
         "stream": True,
         "stream_options": {"include_usage": True},
         "return_token_ids": True,
