@@ -15,10 +15,10 @@ import pytest
 import torch
 import triton
 
-from deepinfer_sm80.bench.dspark_draft import POISON_LOGIT, POISON_TOKEN, stand_in
 from deepinfer_sm80.integration import dspark_draft as wiring
 from deepinfer_sm80.ops import dspark_draft as dd
 from deepinfer_sm80.ops.dspark_draft import chain
+from deepinfer_sm80.testing.cases.dspark_draft import POISON_LOGIT, POISON_TOKEN, stand_in
 from deepinfer_sm80.testing.compare import assert_bitwise_equal
 from deepinfer_sm80.testing.gates import requires_cuda, test_device
 from deepinfer_sm80.testing.inputs import DRAFT_KINDS, DraftInputs, draft_inputs, generator, seed_note
