@@ -13,6 +13,7 @@ import torch
 
 from deepinfer_sm80.formats.indexer_k import make_k_cache, state_views
 from deepinfer_sm80.ops.indexer import logits as lg
+from deepinfer_sm80.testing.cases import indexer as cases
 from deepinfer_sm80.testing.compare import assert_close
 from deepinfer_sm80.testing.gates import requires_sm, test_device
 from deepinfer_sm80.testing.inputs import generator, seed_note
@@ -56,7 +57,7 @@ def check(
     assert_close(name, o, r, abs=tol, rel_in_eps=0, why=why)
 
 
-PREFILL = [("pf-m6-n200", 6, 200, 0), ("pf-m9-n300-ks", 9, 300, 37), ("pf-m1-n64", 1, 64, 0)]
+PREFILL = cases.LOGITS_PREFILL
 
 
 @pytest.mark.parametrize(("name", "m", "n", "ks0"), PREFILL)
@@ -132,13 +133,7 @@ def unpadded(cache: torch.Tensor, block_size: int) -> torch.Tensor:
     return raw.reshape(codes.shape[0], block_size, 1, 132)
 
 
-@pytest.mark.parametrize(
-    ("name", "batch", "next_n", "block_size", "lens"),
-    [
-        ("pg-b2-n1", 2, 1, 64, [150, 64]),  # page crossings, a length on a page edge
-        ("pg-b1-n2", 1, 2, 128, [200]),  # native next_n = 2, 1-D lens: rows see 199 and 200 keys
-    ],
-)
+@pytest.mark.parametrize(("name", "batch", "next_n", "block_size", "lens"), cases.LOGITS_PAGED)
 @pytest.mark.parametrize("words", [False, True], ids=["byte-decode", "word-decode"])
 def test_paged_logits(
     name: str,
@@ -242,11 +237,7 @@ def test_paged_flattened_next_n6() -> None:
 
 @pytest.mark.parametrize("variant", [v for v in lg.DECODE_VARIANTS if v != "default"])
 @pytest.mark.parametrize(
-    ("name", "batch", "next_n", "block_size", "lens", "max_len"),
-    [
-        ("pgv-b2-n1", 2, 1, 64, [150, 64], 320),  # page crossings, a length on a page edge
-        ("pgv-b2-n6", 2, 6, 64, [140, 75], 192),  # DSpark 1+5 rows, tiles past every row's length
-    ],
+    ("name", "batch", "next_n", "block_size", "lens", "max_len"), cases.LOGITS_PAGED_VARIANTS
 )
 def test_paged_decode_variants_equal_default(
     variant: str,
@@ -343,8 +334,6 @@ def test_bench_cases_within_fp64_tolerance():
     # the cases bench/indexer.py records (`logits_check`): ours vs fp64 within the declared 2^-16 of the
     # magnitude (fp32 accumulation order); upstream's own errors are recorded beside, not judged
     pytest.importorskip("vllm.v1.attention.ops.rocm_aiter_mla_sparse")
-    from deepinfer_sm80.testing.cases import indexer as cases
-
     res = cases.upstream_logits("cuda")
     for key in ("prefill_vs_fp64_max_rel", "decode_vs_fp64_max_rel"):
         assert float(res[key]) <= 2.0**-16, (key, res)

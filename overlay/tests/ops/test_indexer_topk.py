@@ -14,6 +14,7 @@ from deepinfer_sm80.formats.indexer_k import make_k_cache, state_views
 from deepinfer_sm80.ops.indexer import logits as lg
 from deepinfer_sm80.ops.indexer import select as sel
 from deepinfer_sm80.ops.indexer import stream
+from deepinfer_sm80.testing.cases import indexer as cases
 from deepinfer_sm80.testing.gates import requires_cuda, test_device
 from deepinfer_sm80.testing.inputs import generator, seed_note
 
@@ -75,11 +76,7 @@ def run_prefill(q8, w, k8, kscale, ks, ke, **kw) -> torch.Tensor:
     return out
 
 
-CASES = [
-    ("tk-one-request", 8, 1400, [(0, 1400)]),
-    ("tk-three-requests-ks", 7, 1800, [(5, 700), (700, 1300), (1300, 1800)]),  # ks > 0, tiles span requests
-    ("tk-short-rows", 5, 900, [(100, 400), (400, 900)]),  # rows with < 512 entries
-]
+CASES = cases.TOPK_PREFILL
 
 
 @pytest.mark.parametrize(("name", "m", "n", "spans"), CASES)
@@ -175,10 +172,7 @@ def decode_ref(q8, w, c, s, bt, lens_rows, next_n):
     return out, j < lens_rows[:, None]
 
 
-@pytest.mark.parametrize(
-    ("name", "batch", "next_n", "lens"),
-    [("dk-b3", 3, 1, [1300, 200, 1000]), ("dk-flat6", 1, 6, [1100])],  # page crossings; DSpark 1+5 rows
-)
+@pytest.mark.parametrize(("name", "batch", "next_n", "lens"), cases.TOPK_DECODE)
 @pytest.mark.parametrize("words", [False, True], ids=["byte-decode", "word-decode"])
 def test_decode_topk_sets(
     name: str, batch: int, next_n: int, lens: list[int], words: bool, monkeypatch: pytest.MonkeyPatch

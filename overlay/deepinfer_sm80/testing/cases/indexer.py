@@ -17,6 +17,28 @@ H, D = 32, 128  # V4.1's indexer heads and head size
 QUANT_TOKENS = 4096
 CHECK_SHAPE = (256, 4096, 8, 16384)  # prefill queries, keys; decode rows, context
 
+# the op tests' shapes (interpreter-sized)
+# logits, prefill: (name, queries, keys, ks of every query)
+LOGITS_PREFILL = [("pf-m6-n200", 6, 200, 0), ("pf-m9-n300-ks", 9, 300, 37), ("pf-m1-n64", 1, 64, 0)]
+# logits, paged decode: (name, batch, next_n, block_size, lens)
+LOGITS_PAGED = [
+    ("pg-b2-n1", 2, 1, 64, [150, 64]),  # page crossings, a length on a page edge
+    ("pg-b1-n2", 1, 2, 128, [200]),  # native next_n = 2, 1-D lens: rows see 199 and 200 keys
+]
+# logits, paged-decode variants vs the default: (name, batch, next_n, block_size, lens, max_len)
+LOGITS_PAGED_VARIANTS = [
+    ("pgv-b2-n1", 2, 1, 64, [150, 64], 320),  # page crossings, a length on a page edge
+    ("pgv-b2-n6", 2, 6, 64, [140, 75], 192),  # DSpark 1+5 rows, tiles past every row's length
+]
+# streamed top-k, prefill: (name, queries, keys, [(ks, ke) per request])
+TOPK_PREFILL = [
+    ("tk-one-request", 8, 1400, [(0, 1400)]),
+    ("tk-three-requests-ks", 7, 1800, [(5, 700), (700, 1300), (1300, 1800)]),  # ks > 0, tiles span requests
+    ("tk-short-rows", 5, 900, [(100, 400), (400, 900)]),  # rows with < 512 entries
+]
+# streamed top-k, decode: (name, batch, next_n, lens)
+TOPK_DECODE = [("dk-b3", 3, 1, [1300, 200, 1000]), ("dk-flat6", 1, 6, [1100])]  # page crossings; DSpark 1+5
+
 
 def codes(shape: tuple[int, ...], gen: torch.Generator, device: str = "cuda") -> torch.Tensor:
     """e4m3 codes, uniform over the bytes but the NaN codes (0x7F/0xFF step down one)."""
