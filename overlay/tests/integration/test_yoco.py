@@ -31,6 +31,13 @@ from deepinfer_sm80.ops.topk_swa_combine import combine_topk_swa_indices_ref
 from deepinfer_sm80.testing.compare import assert_bitwise_equal
 from deepinfer_sm80.testing.inputs import block_table, generator, page_pool
 
+CPU_WORKSPACE = pytest.mark.skipif(
+    torch.cuda.is_available(),
+    reason="the rig sets vLLM's workspace manager up on the CPU (CI has no accelerator); on a GPU its "
+    "tensors reach the Triton kernels on the wrong device (H200, results/gpu/layout-check-aa380db)",
+)
+
+
 SWA_BS, C_BLOCK, WINDOW, TOPK, MAX_LEN, MAX_TOKENS = 32, 128, 128, 32, 512, 96
 HEADS = 2
 
@@ -292,6 +299,7 @@ KEY_LAYERS = [0, 2, 20, 24]
 
 
 # ----------------------------------------------------------------------------- rows
+@CPU_WORKSPACE
 @pytest.mark.parametrize("mode", ["optimized", "disabled", "base"])
 def test_rows_built_once_per_key(harness, monkeypatch, mode: str) -> None:
     sa, rec, _ = harness
@@ -410,6 +418,7 @@ def _kv_rows(rec: Recorder, start: int) -> list[torch.Tensor]:
     return [c["kv"] for c in rec.calls[start:]]
 
 
+@CPU_WORKSPACE
 def test_gather_reused_only_without_other_workspace_users(harness, monkeypatch) -> None:
     sa, rec, manager = harness
     rec.real_gather = True
