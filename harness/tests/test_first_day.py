@@ -213,7 +213,10 @@ def test_an_aa_run_marks_nothing_better_or_worse_and_says_why(fake, tmp_path):
     assert summary["marks"] == {"~": len(rows)}
 
 
-def test_ctrl_c_in_a_decode_cell_cancels_workers_without_a_traceback(fake, tmp_path):
+def test_ctrl_c_in_a_decode_cell_cancels_workers_without_a_traceback(own_fake, tmp_path):
+    # its own fake server: in a full two-worker run the session's shared one (after the other
+    # modules' tests) let no request of this cell finish for 300 s, while alone it passes in seconds
+    fake = own_fake
     plan = {
         **SMALL,
         "prefill": {"isls": [], "n": 2, "concurrent": []},
