@@ -42,17 +42,6 @@ def fake_server():
 
 
 @pytest.fixture
-def own_fake():
-    """A fake server of the test's own, for a test that must not see what earlier tests of its
-    worker left in the session's server (in-flight gauges, cached blocks)."""
-    proc = subprocess.Popen([sys.executable, str(HERE / "fakeserver.py")], stdout=subprocess.PIPE, text=True)
-    server = FakeServer(proc, int(proc.stdout.readline()))
-    yield server
-    proc.terminate()
-    proc.wait(timeout=10)
-
-
-@pytest.fixture
 def fake(fake_server):
     fake_server.configure()
     return fake_server
