@@ -82,6 +82,7 @@ def test_full_pipeline_resume_and_charts(fake, tmp_path, capsys):
     assert manifest["parity"]["status"] == "ok", manifest["parity"]
     assert {c["cell_id"] for c in manifest["cells"]} == {r["cell_id"] for r in summary["runs"]}
     ab = read_json(layout.ab)
+    assert ab["provenance"] == summary["provenance"] and ab["provenance"]["git_sha"]
     metrics = {(r["cell_id"], r["metric"]) for r in ab["rows"]}
     assert ("decode-i64-o32-c4", "decode_tok_s") in metrics
     assert ("prefill-cold-i256", "prefill_tok_s") in metrics

@@ -177,6 +177,7 @@ def build_report(layout: RunLayout, numerics_tolerances: dict[str, float] | None
             "tolerances_declared": "after the run (report --numerics)",
             "tolerances_of_the_run": ab_cfg.get("numerics") or {},
         }
+    ab["provenance"] = run_provenance = provenance(manifest)  # ab.json read alone says what ran
     write_json(layout.ab, ab)
     missing = [f"{c.cell_id}/{m}" for c in cells for m in c.missing]
     invalid = [
@@ -188,7 +189,7 @@ def build_report(layout: RunLayout, numerics_tolerances: dict[str, float] | None
         "schema_version": SCHEMA_VERSION,
         "run_id": manifest["run_id"],
         "aa_run": aa_run,
-        "provenance": provenance(manifest),
+        "provenance": run_provenance,
         "runs": runs,
         "n_runs": len(runs),
         "n_expected": len(cells) * len(manifest["schedule"]),
