@@ -245,7 +245,7 @@ def check_forced_rebind() -> str:
 
 
 def check_kernels(pins: dict[str, str]) -> str:
-    from deepinfer_sm80.testing.budgets import BUDGETS
+    from deepinfer_sm80.device import BUDGETS
 
     archs = {int(a.replace(".", "")) for a in pins["TORCH_CUDA_ARCH_LIST"].split()}
     if archs != set(BUDGETS):
