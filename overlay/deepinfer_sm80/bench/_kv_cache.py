@@ -178,8 +178,6 @@ def _gather_size(cu: object, tokens: int, ceilings: Ceilings, gen: torch.Generat
     }
     if QUICK:
         impls = {k: v for k, v in impls.items() if k in IMPL_OF}
-    else:  # the first tuned form (NoPE and RoPE stored apart, byte-wise scales), beside the default
-        impls["optimized[split-store]"] = call(kvg.launch_gather, max_gather_len=tokens, one_store=False)
     if tokens in (49_152, 131_072) and not QUICK:  # persistent-style grids: fewer programs looping over tiles
         sms = torch.cuda.get_device_properties(0).multi_processor_count
         for per_sm in (6, 12, 24):

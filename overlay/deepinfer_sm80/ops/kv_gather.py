@@ -28,7 +28,6 @@ from deepinfer_sm80.ops.record_constexprs import DATA as _DATA
 from deepinfer_sm80.ops.record_constexprs import GROUP_SIZE as _GROUP
 from deepinfer_sm80.ops.record_constexprs import GROUPS as _N_GROUPS
 from deepinfer_sm80.ops.record_constexprs import NOPE as _NOPE
-from deepinfer_sm80.ops.record_constexprs import ROPE as _ROPE
 from deepinfer_sm80.ops.record_constexprs import SCALE as _SCALE
 from deepinfer_sm80.registry import CompileSpec
 
@@ -131,13 +130,12 @@ def _gather_kernel(
     HAS_GATHER_LENS: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     BLOCK_T: tl.constexpr,
-    ONE_STORE: tl.constexpr = True,
 ):
     """Program (w, b) takes token tiles w, w+W, ... of request b; each tile is one pass of
-    BLOCK_T records -> BLOCK_T output rows. ONE_STORE: the 8 scale bytes come in as one 64-bit word and
-    each row leaves as one full [8, 64] bf16 store with RoPE as group 7; else NoPE ([BLOCK_T, 8, 64],
-    group 7 masked, byte-wise scales) and RoPE are stored apart (the first tuned version, kept for the
-    bench's comparison)."""
+    BLOCK_T records -> BLOCK_T output rows. The 8 scale bytes come in as one 64-bit word and each row
+    leaves as one full [8, 64] bf16 store with RoPE as group 7. The first tuned form stored NoPE
+    (group 7 masked, byte-wise scales) and RoPE apart; on the H200 it was 0.3-5.7 % slower from 4K to
+    1M tokens (results/gpu/kv_gather-h200.json, `speedup_vs_optimized[split-store]`) and is gone."""
     b = tl.program_id(1)
     seq_len = tl.load(seq_lens_ptr + b)
     if HAS_GATHER_LENS:
@@ -150,7 +148,6 @@ def _gather_kernel(
     g = tl.arange(0, _N_GROUPS + 1)[None, :, None]
     col = g * _GROUP + tl.arange(0, _GROUP)[None, None, :]  # [1, 8, 64]
     nope = g < _N_GROUPS
-    r = tl.arange(0, _ROPE)[None, :]
     for tile in range(tl.program_id(0), tl.cdiv(gather_len, BLOCK_T), tl.num_programs(0)):
         i = tile * BLOCK_T + tl.arange(0, BLOCK_T)  # [BLOCK_T]
         valid = i < gather_len
@@ -161,22 +158,14 @@ def _gather_kernel(
         scale_ptr = page + BLOCK_SIZE * _DATA + (pos % BLOCK_SIZE) * _SCALE
         row_ptr = out_req + (offset + i).to(tl.int64) * out_stride1
         rope_ptr = (data_ptr + _NOPE).to(tl.pointer_type(tl.bfloat16))
-        if ONE_STORE:
-            v3 = valid[:, None, None]
-            # bytes 448..511 load as "group 7 codes" too; the where below drops them for the RoPE
-            codes = tl.load(data_ptr[:, None, None] + col, mask=v3, other=0)  # [BLOCK_T, 8, 64]
-            word = tl.load(scale_ptr.to(tl.pointer_type(tl.int64)), mask=valid, other=0)  # 8 scale bytes
-            u = (word[:, None, None] >> (8 * g)) & 0xFF  # [BLOCK_T, 8, 1], little-endian: group g
-            nope_val = (e4m3_to_f32(codes) * ue8m0_to_f32(u)).to(tl.bfloat16)
-            rope = tl.load(rope_ptr[:, None, None] + tl.arange(0, _GROUP)[None, None, :], mask=v3)
-            tl.store(row_ptr[:, None, None] + col, tl.where(nope, nope_val, rope), mask=v3)
-        else:
-            m3 = valid[:, None, None] & nope
-            codes = tl.load(data_ptr[:, None, None] + col, mask=m3, other=0)
-            scale = ue8m0_to_f32(tl.load(scale_ptr[:, None, None] + g, mask=m3, other=0))  # [BLOCK_T, 8, 1]
-            tl.store(row_ptr[:, None, None] + col, (e4m3_to_f32(codes) * scale).to(tl.bfloat16), mask=m3)
-            rope = tl.load(rope_ptr[:, None] + r, mask=valid[:, None])
-            tl.store(row_ptr[:, None] + _NOPE + r, rope, mask=valid[:, None])
+        v3 = valid[:, None, None]
+        # bytes 448..511 load as "group 7 codes" too; the where below drops them for the RoPE
+        codes = tl.load(data_ptr[:, None, None] + col, mask=v3, other=0)  # [BLOCK_T, 8, 64]
+        word = tl.load(scale_ptr.to(tl.pointer_type(tl.int64)), mask=valid, other=0)  # 8 scale bytes
+        u = (word[:, None, None] >> (8 * g)) & 0xFF  # [BLOCK_T, 8, 1], little-endian: group g
+        nope_val = (e4m3_to_f32(codes) * ue8m0_to_f32(u)).to(tl.bfloat16)
+        rope = tl.load(rope_ptr[:, None, None] + tl.arange(0, _GROUP)[None, None, :], mask=v3)
+        tl.store(row_ptr[:, None, None] + col, tl.where(nope, nope_val, rope), mask=v3)
 
 
 # ----------------------------------------------------------------------------- launchers
@@ -286,10 +275,9 @@ def launch_gather(
     *,
     block_t: int = BLOCK_T,
     num_warps: int = NUM_WARPS,
-    one_store: bool = True,
     max_programs: int = _MAX_PROGRAMS,
 ) -> None:
-    """The optimized kernel's launch, unchecked; tile shape and store form are knobs for the bench."""
+    """The optimized kernel's launch, unchecked; tile shape and grid cap are knobs for the bench."""
     num_reqs = seq_lens.shape[0]
     bound = out.shape[1] - offset if max_gather_len is None else min(max_gather_len, out.shape[1] - offset)
     if num_reqs == 0 or bound <= 0:
@@ -309,7 +297,6 @@ def launch_gather(
         HAS_GATHER_LENS=gather_lens is not None,
         BLOCK_SIZE=block_size,
         BLOCK_T=block_t,
-        ONE_STORE=one_store,
         num_warps=num_warps,
     )
 
@@ -354,8 +341,8 @@ COMPILE_SPECS = tuple(
         CompileSpec(
             f"kv_gather.opt.bs{bs}",
             _gather_kernel,
-            {**_SIG, "BLOCK_T": "constexpr", "ONE_STORE": "constexpr"},
-            {"HAS_GATHER_LENS": has_lens, "BLOCK_SIZE": bs, "BLOCK_T": BLOCK_T, "ONE_STORE": True},
+            {**_SIG, "BLOCK_T": "constexpr"},
+            {"HAS_GATHER_LENS": has_lens, "BLOCK_SIZE": bs, "BLOCK_T": BLOCK_T},
             num_warps=NUM_WARPS,
             divisible_by_16=_ALIGNED,
         ),
