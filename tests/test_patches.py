@@ -152,7 +152,7 @@ def test_every_hooked_module_imports_and_binds_per_table(patched_vllm, capabilit
         arch_rows = [r.name for r in bindings.BINDINGS if r.below <= 90]
         assert all(got["rows"][n] == "upstream" for n in arch_rows)
     if capability == 89:  # Ada: upstream's hardware-fp8 writers; ours for FlashMLA, DeepGEMM, CuTeDSL gather
-        writers = ("kv_insert", "compress_insert", "indexer_k_store", "indexer_q", "pack_seq")
+        writers = ("kv_quant_insert", "compress_insert", "indexer_k_store", "indexer_q", "pack_seq")
         kept = (*writers, "engram_lookup", "cutedsl_indexer_q", "pack_seq_warmup")
         assert all(got["rows"][n] == "upstream" for n in kept)
         assert got["rows"]["attention"] == "wrapped" and got["rows"]["cutedsl_gather"] == "wrapped"

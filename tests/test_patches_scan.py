@@ -61,7 +61,7 @@ _MX = (
 )
 # kernels whose source names an fp8 type, and why none runs on SM8x
 FP8_IN_SOURCE = {
-    "cache_utils.py:quantize_and_insert_k_kernel": "row kv_insert replaces its only caller",
+    "cache_utils.py:quantize_and_insert_k_kernel": "row kv_quant_insert replaces its only caller",
     "cache_utils.py:_quantize_and_insert_k_mxfp8_kernel": _MX,
     "cache_utils.py:_dequantize_and_gather_k_kernel": "row kv_gather replaces its caller",
     "cache_utils.py:_dequantize_and_gather_k_one_pass_kernel": "row kv_gather replaces its caller",

@@ -71,7 +71,7 @@ class Binding:
 _CACHE = "deepinfer_sm80.ops"
 BINDINGS: tuple[Binding, ...] = (
     Binding(
-        name="kv_insert",
+        name="kv_quant_insert",
         module="vllm.models.deepseek_v41.common.ops.cache_utils",
         symbol="quantize_and_insert_k_cache",
         base=f"{_CACHE}.kv_quant_insert:base_quantize_and_insert_k_cache",

@@ -1,4 +1,4 @@
-"""Cases of the KV insert (row `kv_insert`, ops/kv_quant_insert.py): the entry-point A/B prefill shapes, and
+"""Cases of the KV insert (row `kv_quant_insert`, ops/kv_quant_insert.py): the entry-point A/B prefill shapes, and
 the bitwise cases against upstream's kernel (sm_89+) that bench/kv_quant_insert.py records in its JSON and
 tests/ops/test_kv_quant_insert.py asserts."""
 
@@ -119,4 +119,4 @@ def seven_pow2_probe(cu: Any, gen: Any) -> dict[str, object]:
     return result
 
 
-ENTRY_POINT_CASES = {"kv_insert": entry_point_shapes}
+ENTRY_POINT_CASES = {"kv_quant_insert": entry_point_shapes}
