@@ -35,7 +35,7 @@ from deepinfer_sm80.formats.fp8_ds_mla import (
     token_views,
 )
 from deepinfer_sm80.ops.fp8 import E4M3_MAX, clamp_e4m3_range, e4m3_encode_ref, f32_to_e4m3
-from deepinfer_sm80.registry import CompileSpec
+from deepinfer_sm80.registry import CompileSpec, signature
 
 _INV_448 = tl.constexpr(1.0 / 448.0)  # the fp32 constant upstream multiplies by
 _HALF_ROPE = tl.constexpr(ROPE_DIM // 2)
@@ -198,18 +198,11 @@ def rope_quant_insert(
 
 assert DATA_BYTES == 576 and NOPE_DIM == 448 and E4M3_MAX == 448.0  # the kernel's literals
 
-_SIG = {
-    "latent": "*bf16",
-    "positions": "*i64",
-    "cos_sin": "*fp32",
-    "cache": "*u8",
-    "cache_slots": "*i64",
-    "COS_STRIDE": "constexpr",
-    "CACHE_STRIDE": "constexpr",
-    "CACHE_BLOCK": "constexpr",
-    "COMPRESS_RATIO": "constexpr",
-    "SANITIZE_CACHE_NANS": "constexpr",
-}
+# upstream's argument names (no `_ptr` suffix): every pointer named with its dtype
+_SIG = signature(
+    rope_quant_insert_kernel,
+    {"latent": "bf16", "positions": "i64", "cos_sin": "fp32", "cache": "u8", "cache_slots": "i64"},
+)
 # compressed caches: 128-token blocks hold 128 states at ratio 1, 64 at ratio 2 (page 74880 / 37440 B)
 COMPILE_SPECS = tuple(
     CompileSpec(

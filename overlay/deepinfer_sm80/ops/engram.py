@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from deepinfer_sm80.ops.fp8 import e4m3_decode_ref, e4m3_to_f32
-from deepinfer_sm80.registry import CompileSpec
+from deepinfer_sm80.registry import CompileSpec, signature
 
 
 # ----------------------------------------------------------------------------- reference
@@ -139,28 +139,9 @@ def engram_lookup_via_bytes(upstream_kernel: Any) -> EngramLookupKernel:
 
 
 def _sig(out: str) -> dict[str, str]:
-    return {
-        "weight": "*u8",
-        "scales": "*u8",
-        "ids": "*i64",
-        "sorted_dst": "*i32",
-        "out": out,
-        "vocab_start": "i32",
-        "vocab_end": "i32",
-        "num_rows": "i32",
-        "ids_stride_t": "i32",
-        "ids_stride_h": "i32",
-        "HEAD_START": "constexpr",
-        "LOCAL_HEADS": "constexpr",
-        "TOTAL_HEADS": "constexpr",
-        "DIM": "constexpr",
-        "QUANT_BLOCK": "constexpr",
-        "BLOCK_R": "constexpr",
-        "GRID": "i32",
-        "SORTED": "i1",
-        "PACKED": "constexpr",
-        "OUT_STRIDE": "constexpr",
-    }
+    # upstream's argument names (no `_ptr` suffix): every pointer named with its dtype
+    pointers = {"weight": "u8", "scales": "u8", "ids": "i64", "sorted_dst": "i32", "out": out}
+    return signature(engram_lookup_kernel, pointers, SORTED="i1")
 
 
 # Engram rows of 1024 dims in 128-dim scale blocks, 16 rows a tile, as upstream launches them; heads per
@@ -169,7 +150,7 @@ COMPILE_SPECS = tuple(
     CompileSpec(
         f"engram_lookup.{'packed' if packed else 'bf16'}",
         engram_lookup_kernel,
-        _sig("*u8" if packed else "*bf16"),
+        _sig("u8" if packed else "bf16"),
         {
             "HEAD_START": 0,
             "LOCAL_HEADS": 2,

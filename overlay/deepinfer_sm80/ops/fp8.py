@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from deepinfer_sm80.registry import CompileSpec
+from deepinfer_sm80.registry import CompileSpec, signature
 
 E4M3_MAX = 448.0
 # Triton reads module globals only as tl.constexpr
@@ -153,14 +153,24 @@ def ue8m0_decode(u: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tens
     return _launch(_ue8m0_decode_kernel, u, out, torch.float32)
 
 
-_SIG_U8_F32 = {"src_ptr": "*u8", "dst_ptr": "*fp32", "n": "i32", "BLOCK": "constexpr"}
+_U8_TO_F32 = {"src_ptr": "u8", "dst_ptr": "fp32"}
 COMPILE_SPECS = (
-    CompileSpec("fp8.e4m3_decode", _e4m3_decode_kernel, _SIG_U8_F32, {"BLOCK": _BLOCK}),
+    CompileSpec(
+        "fp8.e4m3_decode",
+        _e4m3_decode_kernel,
+        signature(_e4m3_decode_kernel, _U8_TO_F32),
+        {"BLOCK": _BLOCK},
+    ),
     CompileSpec(
         "fp8.e4m3_encode",
         _e4m3_encode_kernel,
-        {"src_ptr": "*fp32", "dst_ptr": "*u8", "n": "i32", "BLOCK": "constexpr"},
+        signature(_e4m3_encode_kernel, {"src_ptr": "fp32", "dst_ptr": "u8"}),
         {"BLOCK": _BLOCK},
     ),
-    CompileSpec("fp8.ue8m0_decode", _ue8m0_decode_kernel, _SIG_U8_F32, {"BLOCK": _BLOCK}),
+    CompileSpec(
+        "fp8.ue8m0_decode",
+        _ue8m0_decode_kernel,
+        signature(_ue8m0_decode_kernel, _U8_TO_F32),
+        {"BLOCK": _BLOCK},
+    ),
 )

@@ -29,7 +29,7 @@ from deepinfer_sm80.ops.record_constexprs import GROUP_SIZE as _GROUP
 from deepinfer_sm80.ops.record_constexprs import GROUPS as _N_GROUPS
 from deepinfer_sm80.ops.record_constexprs import NOPE as _NOPE
 from deepinfer_sm80.ops.record_constexprs import SCALE as _SCALE
-from deepinfer_sm80.registry import CompileSpec
+from deepinfer_sm80.registry import CompileSpec, signature
 
 
 # ----------------------------------------------------------------------------- reference
@@ -301,19 +301,12 @@ def launch_gather(
     )
 
 
-_SIG = {
-    "out_ptr": "*bf16",
-    "out_stride0": "i32",
-    "out_stride1": "i32",
-    "k_cache_ptr": "*u8",
-    "page_stride": "i32",
-    "seq_lens_ptr": "*i32",
-    "gather_lens_ptr": "*i32",
-    "block_table_ptr": "*i32",
-    "block_table_stride0": "i32",
-    "offset": "i32",
-    "HAS_GATHER_LENS": "constexpr",
-    "BLOCK_SIZE": "constexpr",
+_POINTERS = {
+    "out_ptr": "bf16",
+    "k_cache_ptr": "u8",
+    "seq_lens_ptr": "i32",
+    "gather_lens_ptr": "i32",
+    "block_table_ptr": "i32",
 }
 # what production launches pass 16-divisible: torch allocations, 512-element rows, 576-multiple pages
 _ALIGNED = (
@@ -334,14 +327,14 @@ COMPILE_SPECS = tuple(
         CompileSpec(
             f"kv_gather.base.bs{bs}",
             _gather_base_kernel,
-            _SIG,
+            signature(_gather_base_kernel, _POINTERS),
             {"HAS_GATHER_LENS": has_lens, "BLOCK_SIZE": bs},
             divisible_by_16=_ALIGNED,
         ),
         CompileSpec(
             f"kv_gather.opt.bs{bs}",
             _gather_kernel,
-            {**_SIG, "BLOCK_T": "constexpr"},
+            signature(_gather_kernel, _POINTERS),
             {"HAS_GATHER_LENS": has_lens, "BLOCK_SIZE": bs, "BLOCK_T": BLOCK_T},
             num_warps=NUM_WARPS,
             divisible_by_16=_ALIGNED,

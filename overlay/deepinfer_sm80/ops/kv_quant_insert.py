@@ -29,7 +29,7 @@ from deepinfer_sm80.ops.record_constexprs import GROUP_SIZE as _GROUP
 from deepinfer_sm80.ops.record_constexprs import GROUPS as _N_GROUPS
 from deepinfer_sm80.ops.record_constexprs import NOPE as _NOPE
 from deepinfer_sm80.ops.record_constexprs import SCALE as _SCALE
-from deepinfer_sm80.registry import CompileSpec
+from deepinfer_sm80.registry import CompileSpec, signature
 
 _E4M3_MAX = tl.constexpr(E4M3_MAX)
 # 448 = 1.75·2^8: amax = 1.f·2^E needs e = E-8 when 1.f <= 1.75 (fp32 fraction bits <= 0x600000), else E-7
@@ -262,17 +262,7 @@ def launch_insert(
         )
 
 
-def _sig(slot_type: str, extra: dict[str, str]) -> dict[str, str]:
-    return {
-        "k_ptr": "*bf16",
-        "k_stride0": "i32",
-        "slot_mapping_ptr": slot_type,
-        "k_cache_ptr": "*u8",
-        "page_stride": "i32",
-        "num_tokens": "i32",
-        "BLOCK_SIZE": "constexpr",
-        **extra,
-    }
+_POINTERS = {"k_ptr": "bf16", "slot_mapping_ptr": "i64", "k_cache_ptr": "u8"}
 
 
 # what production launches pass 16-divisible: torch allocations, 512-element rows, 576-multiple pages
@@ -285,7 +275,7 @@ COMPILE_SPECS = tuple(
         CompileSpec(
             f"kv_quant_insert.base.bs{bs}",
             _insert_base_kernel,
-            _sig("*i64", {}),
+            signature(_insert_base_kernel, _POINTERS),
             {"BLOCK_SIZE": bs},
             divisible_by_16=_ALIGNED,
         ),
@@ -293,7 +283,7 @@ COMPILE_SPECS = tuple(
             CompileSpec(
                 f"kv_quant_insert.opt.bs{bs}.t{block_t}",
                 _insert_kernel,
-                _sig("*i64", {"BLOCK_T": "constexpr"}),
+                signature(_insert_kernel, _POINTERS),
                 {"BLOCK_SIZE": bs, "BLOCK_T": block_t},
                 num_warps=NUM_WARPS,
                 divisible_by_16=_ALIGNED,

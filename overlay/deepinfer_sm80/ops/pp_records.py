@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from deepinfer_sm80.registry import CompileSpec
+from deepinfer_sm80.registry import CompileSpec, signature
 
 CKV_FORMAT = (576, 8)
 IKV_FORMAT = (128, 4)
@@ -184,19 +184,12 @@ def _kernel_runs(cache: torch.Tensor) -> bool:
 
 
 NUM_WARPS = 4
-_SIG = {
-    "cache_ptr": "*u8",
-    "rows_ptr": "*u8",
-    "slots_ptr": "*i32",
-    "block_stride": "i64",
-    "rows_stride": "i64",
-    "block_size": "i32",
-    "DATA": "constexpr",
-    "SCALE": "constexpr",
-    "DATA_P2": "constexpr",
-    "SCALE_P2": "constexpr",
-    "SCATTER": "constexpr",
-}
+_SIG = signature(
+    _pp_records_kernel,
+    {"cache_ptr": "u8", "rows_ptr": "u8", "slots_ptr": "i32"},
+    block_stride="i64",
+    rows_stride="i64",
+)
 COMPILE_SPECS = tuple(
     CompileSpec(
         f"pp_records.{name}.{'scatter' if scatter else 'gather'}",

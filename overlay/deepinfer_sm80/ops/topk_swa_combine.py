@@ -9,7 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
-from deepinfer_sm80.registry import CompileSpec
+from deepinfer_sm80.registry import CompileSpec, signature
 
 # FlashMLA sparse prefill needs topk % 128 == 0; the width is fixed per model (640 for top-k 512, 128 for 0)
 TOPK_ALIGNMENT = 128
@@ -260,13 +260,7 @@ def launch(
         )  # fmt: skip
 
 
-_SIG = {
-    "out_ptr": "*i32", "out_stride": "i32", "lens_ptr": "*i32", "topk_ptr": "*i32", "topk_stride": "i32",
-    "qsl_ptr": "*i32", "seq_lens_ptr": "*i32", "gather_lens_ptr": "*i32", "num_tokens": "i32",
-    "num_reqs": "i32", "M": "i32", "N": "i32", "TOP_K": "constexpr", "COMPRESS_RATIO": "constexpr",
-    "WINDOW_SIZE": "constexpr", "WIDTH": "constexpr", "TOPK_BLOCK": "constexpr", "BLOCK_T": "constexpr",
-    "BLOCK_C": "constexpr", "BLOCK_R": "constexpr",
-}  # fmt: skip
+_SIG = signature(_combine_topk_swa_kernel, "i32")  # every index buffer is int32
 
 
 # 16 B-aligned in production (workspace rows of 640 / 512 int32); the metadata slices may not be

@@ -19,7 +19,7 @@ import triton.language as tl
 from deepinfer_sm80.device import sm_count
 from deepinfer_sm80.ops.dspark_draft.kernel import NUM_WARPS, block_best, round_to_bf16
 from deepinfer_sm80.ops.dspark_draft.reference import SAMPLE_BLOCK
-from deepinfer_sm80.registry import CompileSpec
+from deepinfer_sm80.registry import CompileSpec, signature
 
 # tl.dot needs M >= 16: requests go through the Markov GEMM 16 at a time. 64 columns per dot is the
 # tile whose bf16 bias matched cuBLAS bit for bit on the H200 (0 of 2.07M values, B = 1..16).
@@ -437,18 +437,14 @@ def draft_chain(
 
 
 # ----------------------------------------------------------------------------- compile specs
-_SIG = {
-    "base_ptr": "*bf16", "base_stride_row": "i32", "base_stride_step": "i32", "w1_ptr": "*bf16",
-    "w2_ptr": "*bf16", "ids_ptr": "*i32", "anchor_idx_ptr": "*i64", "ws_ptr": "*bf16",
-    "part_val_ptr": "*fp32", "part_idx_ptr": "*i32", "rows_cap": "i32", "sync_ptr": "*i32",
-    "tok_ptr": "*i64", "tok_stride_row": "i32", "tok_stride_step": "i32", "idx_map_ptr": "*i64",
-    "idx_stride_row": "i32", "idx_stride_step": "i32", "temp_ptr": "*fp32", "seed_ptr": "*i64",
-    "pos_ptr": "*i64", "pos_stride_row": "i32", "pos_stride_step": "i32", "pos_offset": "i32",
-    "cache_ptr": "*bf16", "cache_stride_req": "i32", "cache_stride_col": "i32", "num_rows": "i32",
-    "vocab": "i32", "NUM_STEPS": "constexpr", "RANK": "constexpr", "BLOCK": "constexpr",
-    "NUM_BLOCKS": "constexpr", "PART_BLOCK": "constexpr", "BLOCK_R": "constexpr", "BLOCK_V": "constexpr",
-    "GUMBEL": "constexpr", "WRITE_CACHE": "constexpr", "INTERPRETED": "constexpr",
-}  # fmt: skip
+_SIG = signature(
+    _draft_chain_kernel,
+    {
+        "base_ptr": "bf16", "w1_ptr": "bf16", "w2_ptr": "bf16", "ids_ptr": "i32", "anchor_idx_ptr": "i64",
+        "ws_ptr": "bf16", "part_val_ptr": "fp32", "part_idx_ptr": "i32", "sync_ptr": "i32", "tok_ptr": "i64",
+        "idx_map_ptr": "i64", "temp_ptr": "fp32", "seed_ptr": "i64", "pos_ptr": "i64", "cache_ptr": "bf16",
+    },
+)  # fmt: skip
 _ALIGNED = (
     "base_ptr", "base_stride_row", "base_stride_step", "w1_ptr", "w2_ptr", "ws_ptr", "cache_ptr",
     "cache_stride_req", "cache_stride_col", "vocab",

@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from deepinfer_sm80.ops.dspark_draft.reference import DRAFT_POS_SALT, SAMPLE_BLOCK
-from deepinfer_sm80.registry import CompileSpec
+from deepinfer_sm80.registry import CompileSpec, signature
 
 # Upstream's sampler reduces 1,024-wide blocks with 4 warps; the Gumbel block reduction here is the
 # same shape so that a NaN inside a block resolves as upstream's does (docs/DSPARK.md, "NaN").
@@ -359,17 +359,14 @@ def draft_step(
 
 
 # ----------------------------------------------------------------------------- compile specs
-_SIG = {
-    "base_ptr": "*bf16", "base_stride": "i32", "bias_ptr": "*bf16", "bias_stride": "i32",
-    "part_val_ptr": "*fp32", "part_idx_ptr": "*i32", "part_stride": "i32", "count_ptr": "*i32",
-    "tok_ptr": "*i64", "tok_stride": "i32", "best_ptr": "*fp32", "w1_ptr": "*bf16", "w1_stride": "i32",
-    "row_ptr": "*bf16", "row_stride": "i32", "idx_map_ptr": "*i64", "idx_map_stride": "i32",
-    "temp_ptr": "*fp32", "seed_ptr": "*i64", "pos_ptr": "*i64", "pos_stride": "i32", "pos_offset": "i32",
-    "cache_ptr": "*bf16", "cache_stride_req": "i32", "cache_stride_col": "i32", "cache_col": "i32",
-    "vocab": "i32", "vocab_start": "i32", "BLOCK": "constexpr", "NUM_BLOCKS": "constexpr",
-    "PART_BLOCK": "constexpr", "RANK": "constexpr", "ROUND_BF16": "constexpr", "GUMBEL": "constexpr",
-    "WRITE_CACHE": "constexpr", "FETCH_ROW": "constexpr", "WRITE_BEST": "constexpr",
-}  # fmt: skip
+_SIG = signature(
+    _draft_step_kernel,
+    {
+        "base_ptr": "bf16", "bias_ptr": "bf16", "part_val_ptr": "fp32", "part_idx_ptr": "i32",
+        "count_ptr": "i32", "tok_ptr": "i64", "best_ptr": "fp32", "w1_ptr": "bf16", "row_ptr": "bf16",
+        "idx_map_ptr": "i64", "temp_ptr": "fp32", "seed_ptr": "i64", "pos_ptr": "i64", "cache_ptr": "bf16",
+    },
+)  # fmt: skip
 # logits rows of 129,280 / 16,160 bf16 and rank-256 rows are 16-element multiples in production
 _ALIGNED = (
     "base_ptr", "base_stride", "bias_ptr", "bias_stride", "part_val_ptr", "part_idx_ptr", "w1_ptr",

@@ -25,7 +25,7 @@ from deepinfer_sm80.formats.indexer_k import (
 )
 from deepinfer_sm80.ops.fp8 import E4M3_MAX, e4m3_encode_ref, f32_to_e4m3
 from deepinfer_sm80.ops.indexer.q_quant import exp2_int, pow2_ceil_exponent, rope_gptj_ref, round_to_bf16
-from deepinfer_sm80.registry import CompileSpec
+from deepinfer_sm80.registry import CompileSpec, signature
 
 _E4M3_MAX = tl.constexpr(E4M3_MAX)
 _INV_E4M3_MAX = tl.constexpr(1.0 / E4M3_MAX)
@@ -187,22 +187,15 @@ def indexer_k_norm_rope_store(
 
 
 def _sig() -> dict[str, str]:
-    return {
-        "k_ptr": "*bf16",
-        "k_stride": "i32",
-        "pos_ptr": "*i64",
-        "w_ptr": "*bf16",
-        "eps": "fp32",
-        "cs_ptr": "*fp32",
-        "cs_stride": "i32",
-        "cache_ptr": "*u8",
-        "slot_ptr": "*i64",
-        "block_size": "i32",
-        "page_stride": "i32",
-        "HEAD": "constexpr",
-        "ROPE": "constexpr",
-        "RATIO": "constexpr",
+    pointers = {
+        "k_ptr": "bf16",
+        "pos_ptr": "i64",
+        "w_ptr": "bf16",
+        "cs_ptr": "fp32",
+        "cache_ptr": "u8",
+        "slot_ptr": "i64",
     }
+    return signature(_k_store_kernel, pointers, eps="fp32")
 
 
 _ALIGNED = ("k_ptr", "k_stride", "w_ptr", "cs_ptr", "cs_stride", "cache_ptr", "block_size", "page_stride")

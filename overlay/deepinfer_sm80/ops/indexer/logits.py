@@ -16,7 +16,7 @@ import triton.language as tl
 
 from deepinfer_sm80.device import sm_count as device_sm_count
 from deepinfer_sm80.formats.indexer_k import CODE_BYTES, INDEX_DIM, check_k_cache
-from deepinfer_sm80.registry import CompileSpec
+from deepinfer_sm80.registry import CompileSpec, signature
 
 UNDO_DECODE_SCALE = 65536.0  # 2^8 per operand
 _UNDO = tl.constexpr(UNDO_DECODE_SCALE)
@@ -455,46 +455,31 @@ def launch_paged_logits(
     )
 
 
-_PREFILL_SIG = {
-    "q_ptr": "*u8",
-    "w_ptr": "*fp32",
-    "w_stride": "i32",
-    "k_ptr": "*u8",
-    "ks_ptr": "*fp32",
-    "cu_ks_ptr": "*i32",
-    "cu_ke_ptr": "*i32",
-    "out_ptr": "*fp32",
-    "out_stride": "i32",
-    "M": "i32",
-    "N": "i32",
-    "HEADS": "constexpr",
-    "D": "constexpr",
-    "BLOCK_M": "constexpr",
-    "BLOCK_N": "constexpr",
-    "TILES": "constexpr",
-}
-_PAGED_SIG = {
-    "q_ptr": "*u8",
-    "w_ptr": "*fp32",
-    "w_stride": "i32",
-    "cache_ptr": "*u8",
-    "page_stride": "i32",
-    "block_size": "i32",
-    "bt_ptr": "*i32",
-    "bt_stride": "i32",
-    "len_ptr": "*i32",
-    "req_ptr": "*i32",
-    "out_ptr": "*fp32",
-    "out_stride": "i32",
-    "HEADS": "constexpr",
-    "D": "constexpr",
-    "NEXT_N": "constexpr",
-    "HAS_REQ": "constexpr",
-    "BLOCK_N": "constexpr",
-    "TILES": "constexpr",
-    "WORDS": "constexpr",
-    "PREFETCH": "constexpr",
-}
+# fp8 codes and fp32 scales / weights / logits; the row bounds, block table, lengths int32
+_PREFILL_SIG = signature(
+    _prefill_logits_kernel,
+    {
+        "q_ptr": "u8",
+        "w_ptr": "fp32",
+        "k_ptr": "u8",
+        "ks_ptr": "fp32",
+        "cu_ks_ptr": "i32",
+        "cu_ke_ptr": "i32",
+        "out_ptr": "fp32",
+    },
+)
+_PAGED_SIG = signature(
+    _paged_logits_kernel,
+    {
+        "q_ptr": "u8",
+        "w_ptr": "fp32",
+        "cache_ptr": "u8",
+        "bt_ptr": "i32",
+        "len_ptr": "i32",
+        "req_ptr": "i32",
+        "out_ptr": "fp32",
+    },
+)
 COMPILE_SPECS = (
     CompileSpec(
         "indexer.logits.prefill",

@@ -20,7 +20,7 @@ import triton.language as tl
 
 from deepinfer_sm80.formats.indexer_k import AMAX_FLOOR, INDEX_DIM, ROPE_DIM
 from deepinfer_sm80.ops.fp8 import E4M3_MAX, e4m3_encode_ref, f32_to_e4m3
-from deepinfer_sm80.registry import CompileSpec
+from deepinfer_sm80.registry import CompileSpec, signature
 
 _E4M3_MAX = tl.constexpr(E4M3_MAX)
 
@@ -206,26 +206,15 @@ def fused_indexer_q_rope_quant(
 
 
 def _sig() -> dict[str, str]:
-    return {
-        "pos_ptr": "*i64",
-        "q_ptr": "*bf16",
-        "q_stride0": "i32",
-        "q_stride1": "i32",
-        "cs_ptr": "*fp32",
-        "cs_stride": "i32",
-        "q8_ptr": "*u8",
-        "q8_stride0": "i32",
-        "q8_stride1": "i32",
-        "w_ptr": "*bf16",
-        "w_stride": "i32",
-        "softmax_scale": "fp32",
-        "head_scale": "fp32",
-        "w_out_ptr": "*fp32",
-        "w_out_stride": "i32",
-        "HEADS": "constexpr",
-        "HEAD_DIM": "constexpr",
-        "HALF_ROT": "constexpr",
+    pointers = {
+        "pos_ptr": "i64",
+        "q_ptr": "bf16",
+        "cs_ptr": "fp32",
+        "q8_ptr": "u8",
+        "w_ptr": "bf16",
+        "w_out_ptr": "fp32",
     }
+    return signature(_q_quant_kernel, pointers, softmax_scale="fp32", head_scale="fp32")
 
 
 _ALIGNED = ("q_ptr", "q_stride0", "q_stride1", "cs_ptr", "cs_stride", "q8_ptr", "q8_stride0", "q8_stride1")

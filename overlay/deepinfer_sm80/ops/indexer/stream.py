@@ -30,7 +30,7 @@ from deepinfer_sm80.ops.indexer.stream_kernels import (
     _paged_keys_kernel,
     _prefill_keys_kernel,
 )
-from deepinfer_sm80.registry import CompileSpec
+from deepinfer_sm80.registry import CompileSpec, signature
 
 WORKSPACE_BYTES = 128 << 20
 
@@ -489,98 +489,39 @@ _KEYS_COMMON = {
     "KEEP": 512,
     "BS": 8,
 }
-_PREFILL_SIG = {
-    **{a: "*u8" for a in ("q_ptr", "k_ptr")},
-    "w_ptr": "*fp32",
-    "w_stride": "i32",
-    "kscale_ptr": "*fp32",
-    "cu_ks_ptr": "*i32",
-    "cu_ke_ptr": "*i32",
-    "row0": "i32",
-    "nrows": "i32",
-    "c0": "i32",
-    "keys_ptr": "*i64",
-    "keys_stride": "i32",
-    "blk_ptr": "*i64",
-    "blk_stride": "i32",
-    **{
-        c: "constexpr"
-        for c in (
-            "HEADS",
-            "D",
-            "BLOCK_M",
-            "BLOCK_N",
-            "TILES",
-            "KEEP",
-            "KEEP_BLOCKS",
-            "BS",
-            "WRITE_BLOCKS",
-            "AS_VALUES",
-        )
+# fp8 codes (u8) and fp32 weights / scales; row bounds, block tables, lengths and candidates int32;
+# the kept top-k as packed int64 keys, or fp32 scores with AS_VALUES (`.f32` specs)
+_KEYS = {"keys_ptr": "i64", "blk_ptr": "i64"}
+_SCORES = {"keys_ptr": "fp32", "blk_ptr": "fp32"}
+_QW = {"q_ptr": "u8", "w_ptr": "fp32"}
+_ROWS = {"bt_ptr": "i32", "len_ptr": "i32", "req_ptr": "i32"}
+
+
+def _prefill_sig(keys: dict[str, str]) -> dict[str, str]:
+    pointers = {**_QW, "k_ptr": "u8", "kscale_ptr": "fp32", "cu_ks_ptr": "i32", "cu_ke_ptr": "i32", **keys}
+    return signature(_prefill_keys_kernel, pointers)
+
+
+_PAGED_SIG = signature(_paged_keys_kernel, {**_QW, "cache_ptr": "u8", **_ROWS, **_KEYS})
+_CAND_SIG = signature(
+    _candidate_keys_kernel,
+    {
+        **_QW,
+        "k_ptr": "u8",
+        "kscale_ptr": "fp32",
+        **_ROWS,
+        "start_ptr": "i32",
+        "cand_ptr": "i32",
+        "keys_ptr": "i64",
     },
-}
-_PAGED_SIG = {
-    "q_ptr": "*u8",
-    "w_ptr": "*fp32",
-    "w_stride": "i32",
-    "cache_ptr": "*u8",
-    "page_stride": "i32",
-    "block_size": "i32",
-    "bt_ptr": "*i32",
-    "bt_stride": "i32",
-    "len_ptr": "*i32",
-    "req_ptr": "*i32",
-    "c0": "i32",
-    "keys_ptr": "*i64",
-    "keys_stride": "i32",
-    "blk_ptr": "*i64",
-    "blk_stride": "i32",
-    **{
-        c: "constexpr"
-        for c in (
-            "HEADS",
-            "D",
-            "NEXT_N",
-            "HAS_REQ",
-            "BLOCK_N",
-            "TILES",
-            "KEEP",
-            "KEEP_BLOCKS",
-            "BS",
-            "WRITE_BLOCKS",
-            "WORDS",
-        )
-    },
-}
-_CAND_SIG = {
-    "q_ptr": "*u8",
-    "w_ptr": "*fp32",
-    "w_stride": "i32",
-    "k_ptr": "*u8",
-    "kscale_ptr": "*fp32",
-    "page_stride": "i32",
-    "block_size": "i32",
-    "bt_ptr": "*i32",
-    "bt_stride": "i32",
-    "start_ptr": "*i32",
-    "len_ptr": "*i32",
-    "req_ptr": "*i32",
-    "row0": "i32",
-    "cand_ptr": "*i32",
-    "cand_stride": "i32",
-    "keys_ptr": "*i64",
-    "keys_stride": "i32",
-    **{
-        c: "constexpr" for c in ("HEADS", "D", "NEXT_N", "HAS_REQ", "PAGED", "BLOCK_N", "TILES", "KEEP", "BS")
-    },
-}
+)
 _ALIGNED = ("q_ptr", "w_ptr", "keys_ptr", "keys_stride")
 COMPILE_SPECS = (
     *(
         CompileSpec(
             f"indexer.stream.prefill{'.blocks' if kb else ''}{'.f32' if av else ''}",
             _prefill_keys_kernel,
-            {**_PREFILL_SIG, **({"keys_ptr": "*fp32", "blk_ptr": "*fp32"} if av else {})},
+            _prefill_sig(_SCORES if av else _KEYS),
             {**_KEYS_COMMON, "BLOCK_M": BLOCK_M, "KEEP_BLOCKS": kb, "WRITE_BLOCKS": kb > 0, "AS_VALUES": av},
             num_warps=PREFILL_WARPS,
             divisible_by_16=(*_ALIGNED, "k_ptr", "kscale_ptr"),

@@ -17,7 +17,7 @@ from deepinfer_sm80.device import sm_count
 from deepinfer_sm80.formats.fp8_ds_mla import NOPE_DIM, RECORD_BYTES, ROPE_DIM
 from deepinfer_sm80.ops.sparse_mla.decode_kernels import _decode_kernel, _partial_base_kernel, _reduce_kernel
 from deepinfer_sm80.ops.sparse_mla.tiles import HEAD_DIM
-from deepinfer_sm80.registry import CompileSpec
+from deepinfer_sm80.registry import CompileSpec, signature
 
 # base: upstream's split-K kernel and reduce (BLOCK_H 16, 4 warps, one stage; reduce one head a program)
 # with its CUDA kernel's BLOCK_K 16: at its split-K BLOCK_K 32 the port spills 32 B on sm_80 (255 regs)
@@ -467,36 +467,15 @@ sparse_attn_decode = _public("optimized")
 
 
 # ----------------------------------------------------------------------------- compile specs
-def _sig(names: str, types: dict[str, str]) -> dict[str, str]:
-    return {n: types.get(n, "i32") for n in names.split()}
-
-
-_SEG = "cache_ptr page_stride rows idx_ptr off_ptr len_ptr row_stride width"
-_PTRS = {
-    "q_ptr": "*bf16",
-    "main_cache_ptr": "*u8",
-    "extra_cache_ptr": "*u8",
-    "main_idx_ptr": "*i32",
-    "extra_idx_ptr": "*i32",
-    "main_off_ptr": "*i32",
-    "extra_off_ptr": "*i32",
-    "main_len_ptr": "*i32",
-    "extra_len_ptr": "*i32",
-    "part_m_ptr": "*fp32",
-    "part_l_ptr": "*fp32",
-    "part_acc_ptr": "*fp32",
-    "sink_ptr": "*fp32",
-    "out_ptr": "*bf16",
-    "pos_ptr": "*i64",
-    "cos_sin_ptr": "*fp32",
-    "scale": "fp32",
+# the query and the two segments' fp8_ds_mla caches and int32 index lists; the split partials
+# (fp32); the epilogue's sink (fp32), output (bf16), positions (int64) and cos/sin table (fp32)
+_SEGMENTS = {"q_ptr": "bf16"} | {
+    f"{seg}_{what}_ptr": dtype
+    for seg in ("main", "extra")
+    for what, dtype in (("cache", "u8"), ("idx", "i32"), ("off", "i32"), ("len", "i32"))
 }
-_HEAD_ARGS = "q_ptr q_stride0 q_stride1 " + " ".join(
-    f"{p}_{n}" for p in ("main", "extra") for n in _SEG.split()
-)
-_PART = " part_m_ptr part_l_ptr part_acc_ptr num_splits num_heads scale"
-_TAIL = " sink_ptr out_ptr out_stride0 out_stride1 pos_ptr cos_sin_ptr cs_stride"
-_FLAGS = " HAS_EXTRA MAIN_RAGGED EXTRA_RAGGED MAIN_BS EXTRA_BS BLOCK_H"
+_PARTIALS = {"part_m_ptr": "fp32", "part_l_ptr": "fp32", "part_acc_ptr": "fp32"}
+_EPILOGUE = {"sink_ptr": "fp32", "out_ptr": "bf16", "pos_ptr": "i64", "cos_sin_ptr": "fp32"}
 _ALIGNED = (
     "q_ptr",
     "q_stride0",
@@ -512,20 +491,9 @@ _ALIGNED = (
 )
 
 
-def _const(sig: dict[str, str]) -> dict[str, str]:
-    return {n: ("constexpr" if n.isupper() else t) for n, t in sig.items()}
-
-
-_BASE_SIG = _const(_sig(_HEAD_ARGS + _PART + _FLAGS + " BLOCK_K", _PTRS))
-_OPT_SIG = _const(
-    _sig(_HEAD_ARGS + _PART + _TAIL + _FLAGS + " BLOCK_N DIRECT HAS_SINK FUSE_INV_ROPE PREFETCH", _PTRS)
-)
-_RED_SIG = _const(
-    _sig(
-        "part_m_ptr part_l_ptr part_acc_ptr num_splits num_heads" + _TAIL + " HAS_SINK FUSE_INV_ROPE BLOCK_H",
-        {**_PTRS, "num_splits": "constexpr"},
-    )
-)
+_BASE_SIG = signature(_partial_base_kernel, _SEGMENTS | _PARTIALS, scale="fp32")
+_OPT_SIG = signature(_decode_kernel, _SEGMENTS | _PARTIALS | _EPILOGUE, scale="fp32")
+_RED_SIG = signature(_reduce_kernel, _PARTIALS | _EPILOGUE)
 # production: ragged SWA lists over 32-token SWA pages + ragged top-k over 32-state compressed pages
 _PROD = {"HAS_EXTRA": True, "MAIN_RAGGED": True, "EXTRA_RAGGED": True, "MAIN_BS": 32, "EXTRA_BS": 32}
 COMPILE_SPECS = (

@@ -13,7 +13,7 @@ import triton.language as tl
 
 from deepinfer_sm80.ops.sparse_mla.decode_kernels import segment
 from deepinfer_sm80.ops.sparse_mla.tiles import _HEAD, _NEG_LARGE, HEAD_DIM, mma, online_update
-from deepinfer_sm80.registry import CompileSpec
+from deepinfer_sm80.registry import CompileSpec, signature
 
 BASE_CONFIG = (16, 16, 4, 3)  # BLOCK_H, BLOCK_K, warps, stages: upstream's ragged prefill launch
 
@@ -191,23 +191,19 @@ base_sparse_attn_prefill = _public("base")
 sparse_attn_prefill = _public("optimized")
 
 
-_SIG = {
-    **{
-        n: "i32"
-        for n in "q_stride0 q_stride1 kv_stride0 num_kv idx_row_stride idx_width out_stride0 "
-        "out_stride1 num_heads".split()
+_SIG = signature(
+    _prefill_kernel,
+    {
+        "q_ptr": "bf16",
+        "kv_ptr": "bf16",
+        "idx_ptr": "i32",
+        "off_ptr": "i32",
+        "len_ptr": "i32",
+        "sink_ptr": "fp32",
+        "out_ptr": "bf16",
     },
-    "q_ptr": "*bf16",
-    "kv_ptr": "*bf16",
-    "idx_ptr": "*i32",
-    "off_ptr": "*i32",
-    "len_ptr": "*i32",
-    "sink_ptr": "*fp32",
-    "out_ptr": "*bf16",
-    "scale": "fp32",
-    **{n: "constexpr" for n in "RAGGED HAS_SINK OUT_DV BLOCK_H BLOCK_K NUM_STAGES".split()},
-}
-_SIG = {n: _SIG[n] for n in _prefill_kernel.arg_names}
+    scale="fp32",
+)
 _ALIGNED = (
     "q_ptr",
     "q_stride0",
