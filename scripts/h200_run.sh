@@ -16,6 +16,21 @@
 set -uo pipefail
 PHASE=${1:?phase 1 or 2}; OUT_DIR=${2:?out dir}
 case "$PHASE" in 1|2) ;; *) echo "h200_run: phase must be 1 or 2, got '$PHASE'" >&2; exit 2 ;; esac
+# The names this run takes, once: issue 25's kernels. Each must exist (a renamed module stops the run
+# here with its name, not in a step); H200_RUN_PRINT=1 prints the sets and exits (tests/test_h200_scripts.py).
+SANITIZED_OPS="sparse_mla indexer_logits"  # the variants' tests under compute-sanitizer
+TESTED_OPS="$SANITIZED_OPS indexer_topk kv_quant_insert kv_gather topk_swa_combine"
+KV_BENCHES="kv_quant_insert kv_gather topk_swa_combine"
+op_tests() { for op in "$@"; do printf '%s ' "overlay/tests/ops/test_$op.py"; done | sed 's/ $//'; }
+# shellcheck disable=SC2086  # one argument per op name
+OPS_TESTS=$(op_tests $SANITIZED_OPS); ALL_TESTS=$(op_tests $TESTED_OPS)
+for f in $ALL_TESTS; do [ -f "$f" ] || { echo "h200_run: no test module $f" >&2; exit 2; }; done
+for b in $KV_BENCHES sparse_mla indexer dspark_draft; do
+  [ -f "overlay/deepinfer_sm80/bench/$b.py" ] || { echo "h200_run: no bench module $b" >&2; exit 2; }
+done
+if [ "${H200_RUN_PRINT:-}" = 1 ]; then
+  printf 'sanitize_tests=%s\nall_tests=%s\nkv_benches=%s\n' "$OPS_TESTS" "$ALL_TESTS" "$KV_BENCHES"; exit 0
+fi
 [ -n "${DEEPINFER_GIT_SHA:-}" ] || { echo "h200_run: set DEEPINFER_GIT_SHA (the device copy's .git may be stale)" >&2; exit 2; }
 WORK=/tmp/h200-run-$PHASE; rm -rf "$WORK"; mkdir -p "$WORK" "$OUT_DIR"
 export PYTEST_WORKERS=${PYTEST_WORKERS:-12} PYTHONUNBUFFERED=1
@@ -33,13 +48,13 @@ step() {  # step NAME SECONDS CMD...: one outcome line per step, the full log in
 suite() { bash scripts/gpu_suite.sh .gpu-bundle "$@"; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,utilization.gpu --format=csv >"$WORK/gpu-state.txt" 2>&1
 compute-sanitizer --version >"$WORK/sanitizer-version.txt" 2>&1
-OPS_TESTS="overlay/tests/ops/test_sparse_mla.py overlay/tests/ops/test_indexer_logits.py"
 if [ "$PHASE" = 1 ]; then
   step bench_sparse_mla 230 env SKIP_TESTS=1 bash -c 'bash scripts/gpu_suite.sh .gpu-bundle "$0/bench" sparse_mla' "$WORK"
   step bench_indexer_decode 100 env SKIP_TESTS=1 DEEPINFER_BENCH_INDEXER_SECTIONS=decode \
     bash -c 'bash scripts/gpu_suite.sh .gpu-bundle "$0/bench" indexer' "$WORK"
-  step bench_kv 90 env SKIP_TESTS=1 bash -c 'bash scripts/gpu_suite.sh .gpu-bundle "$0/bench" kv_quant_insert kv_gather topk_swa_combine' "$WORK"
-  step tests 60 env SKIP_BENCH=1 TESTS="$OPS_TESTS overlay/tests/ops/test_indexer_topk.py overlay/tests/ops/test_kv_quant_insert.py overlay/tests/ops/test_kv_gather.py overlay/tests/ops/test_topk_swa_combine.py" \
+  # shellcheck disable=SC2086  # one argument per bench name
+  step bench_kv 90 env SKIP_TESTS=1 bash -c 'bash scripts/gpu_suite.sh .gpu-bundle "$0/bench" "$@"' "$WORK" $KV_BENCHES
+  step tests 60 env SKIP_BENCH=1 TESTS="$ALL_TESTS" \
     bash -c 'bash scripts/gpu_suite.sh .gpu-bundle "$0/tests"' "$WORK"
   step sanitize 200 env SKIP_TESTS=1 SKIP_BENCH=1 SANITIZE=1 SANITIZE_FILES="$OPS_TESTS" SANITIZE_K="variant" \
     bash -c 'bash scripts/gpu_suite.sh .gpu-bundle "$0/sanitize"' "$WORK"
@@ -47,9 +62,10 @@ else
   step bench_sparse_mla 130 env SKIP_TESTS=1 bash -c 'bash scripts/gpu_suite.sh .gpu-bundle "$0/bench" sparse_mla' "$WORK"
   step sanitize 70 env SKIP_TESTS=1 SKIP_BENCH=1 SANITIZE=1 SANITIZE_FILES="$OPS_TESTS" SANITIZE_K="variant" \
     bash -c 'bash scripts/gpu_suite.sh .gpu-bundle "$0/sanitize"' "$WORK"
-  step tests 130 env SKIP_BENCH=1 TESTS="$OPS_TESTS overlay/tests/ops/test_indexer_topk.py overlay/tests/ops/test_kv_quant_insert.py overlay/tests/ops/test_kv_gather.py overlay/tests/ops/test_topk_swa_combine.py" \
+  step tests 130 env SKIP_BENCH=1 TESTS="$ALL_TESTS" \
     bash -c 'bash scripts/gpu_suite.sh .gpu-bundle "$0/tests"' "$WORK"
-  step bench_kv 70 env SKIP_TESTS=1 bash -c 'bash scripts/gpu_suite.sh .gpu-bundle "$0/bench" kv_quant_insert kv_gather topk_swa_combine' "$WORK"
+  # shellcheck disable=SC2086  # one argument per bench name
+  step bench_kv 70 env SKIP_TESTS=1 bash -c 'bash scripts/gpu_suite.sh .gpu-bundle "$0/bench" "$@"' "$WORK" $KV_BENCHES
   step bench_indexer 200 env SKIP_TESTS=1 bash -c 'bash scripts/gpu_suite.sh .gpu-bundle "$0/bench" indexer' "$WORK"
   step bench_dspark 90 env SKIP_TESTS=1 DEEPINFER_BENCH_DSPARK_QUICK=1 \
     bash -c 'bash scripts/gpu_suite.sh .gpu-bundle "$0/bench" dspark_draft' "$WORK"

@@ -1,4 +1,5 @@
-"""scripts/h200_final.sh derives its benches and test modules from the lines the modules declare
+"""scripts/h200_run.sh names its sets once and checks each exists. scripts/h200_final.sh derives its
+benches and test modules from the lines the modules declare
 (`H200_FINAL_PHASE`, `H200_FINAL_TESTS`, `H200_SANITIZE_ORDER`): the derived sets are the ones the
 script ran when it named them by hand, each named file exists, and every declaring module is picked up."""
 
@@ -97,3 +98,44 @@ def test_bad_phase_is_one_line_error() -> None:
     )
     assert p.returncode == 2
     assert p.stderr.strip() == "h200_final: phase must be 1 or 2, got '3'"
+
+
+RUN_SCRIPT = ROOT / "scripts" / "h200_run.sh"
+# what h200_run.sh ran when it typed each name in each phase
+RUN_SANITIZE = ["overlay/tests/ops/test_sparse_mla.py", "overlay/tests/ops/test_indexer_logits.py"]
+RUN_TESTS = RUN_SANITIZE + [
+    f"overlay/tests/ops/test_{op}.py"
+    for op in ("indexer_topk", "kv_quant_insert", "kv_gather", "topk_swa_combine")
+]
+
+
+def run_sets(env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["bash", str(RUN_SCRIPT), "1", "/nonexistent"],
+        capture_output=True, text=True, timeout=60, cwd=ROOT,
+        env={**os.environ, "H200_RUN_PRINT": "1", **(env or {})},
+    )  # fmt: skip
+
+
+def test_h200_run_sets_are_the_former_lists_and_exist() -> None:
+    p = run_sets()
+    assert p.returncode == 0, p.stderr
+    d = dict(line.split("=", 1) for line in p.stdout.splitlines())
+    assert d["sanitize_tests"].split() == RUN_SANITIZE
+    assert d["all_tests"].split() == RUN_TESTS
+    assert d["kv_benches"].split() == ["kv_quant_insert", "kv_gather", "topk_swa_combine"]
+    for path in RUN_TESTS:
+        assert (ROOT / path).is_file(), path
+
+
+def test_h200_run_missing_module_is_one_line_error(tmp_path: Path) -> None:
+    # the script run from a tree lacking one of its test modules stops before any step, naming it
+    tree = tmp_path / "tree"
+    (tree / "scripts").mkdir(parents=True)
+    (tree / "scripts" / "h200_run.sh").write_text(RUN_SCRIPT.read_text())
+    p = subprocess.run(
+        ["bash", "scripts/h200_run.sh", "1", "/nonexistent"], capture_output=True, text=True, timeout=60,
+        cwd=tree, env={**os.environ, "H200_RUN_PRINT": "1"},
+    )  # fmt: skip
+    assert p.returncode == 2
+    assert p.stderr.strip() == "h200_run: no test module overlay/tests/ops/test_sparse_mla.py"
