@@ -98,9 +98,7 @@ class CellContext:
             stream=True,
             token_ids=token_ids,
         )
-        await stream_completion(self.http, self.base_url, body, rec, want_ids=token_ids)
-        self.writer.write(rec)
-        return rec
+        return await self._send(body, rec, want_ids=token_ids)
 
     async def stream_chat(
         self,
@@ -126,9 +124,13 @@ class CellContext:
             request_id=rec.request_id,
             thinking=bool(self.cdef.params.get("thinking")),
         )
-        await stream_completion(
-            self.http, self.base_url, body, rec, want_ids=True, path="/v1/chat/completions"
-        )
+        return await self._send(body, rec, want_ids=True, path="/v1/chat/completions")
+
+    async def _send(
+        self, body: dict[str, Any], rec: RequestRecord, *, want_ids: bool, path: str = "/v1/completions"
+    ) -> RequestRecord:
+        """Stream one request into `rec` and write its record (completions and chat alike)."""
+        await stream_completion(self.http, self.base_url, body, rec, want_ids=want_ids, path=path)
         self.writer.write(rec)
         return rec
 
