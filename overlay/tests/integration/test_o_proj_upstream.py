@@ -10,26 +10,31 @@ contract a*b+c differently, so the rotated rows are checked to be within one bf1
 and the measured difference Δ is carried through exactly as Σ|Δ·w|; each bmm accumulates K = 4096
 products in fp32 in an order of its BLAS's choosing (at most K·2^-24·Σ|a·w| from the exact sum,
 both sides); each output is rounded to bf16 once (one ulp). The same bound with the rotation left
-out must fail, so the check can tell a wrong rotation from rounding."""
+out must fail, so the check can tell a wrong rotation from rounding. Inputs, upstream's calls and the
+bound: testing/cases/o_proj.py."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
-import types
 
 import pytest
 import torch
 
 from deepinfer_sm80.ops import o_proj as op
-from deepinfer_sm80.testing.compare import MismatchError, assert_within_bound, assert_within_ulps, bf16_ulp
+from deepinfer_sm80.testing.cases.o_proj import (
+    FRONT_TP,
+    FRONT_WHY,
+    front_bound,
+    front_inputs,
+    upstream_front,
+    upstream_rotation,
+)
+from deepinfer_sm80.testing.compare import MismatchError, assert_within_bound, assert_within_ulps
 from deepinfer_sm80.testing.gates import test_device
-from deepinfer_sm80.testing.inputs import generator
-from deepinfer_sm80.testing.shapes import V41
 
 DEV = test_device()
-R, HPG, D = V41.o_lora, V41.heads_per_o_group, V41.head_dim
 
 
 def _vllm_triton() -> bool:
@@ -40,71 +45,31 @@ def _vllm_triton() -> bool:
     return bool(HAS_TRITON)
 
 
-def front_bound(
-    ours_rot: torch.Tensor,
-    theirs_rot: torch.Tensor,
-    wb: torch.Tensor,
-    ours: torch.Tensor,
-    theirs: torch.Tensor,
-    groups: int,
-) -> torch.Tensor:
-    """The per-element bound of the module docstring, from the operands' magnitudes and Δ."""
-    delta = (ours_rot.float() - theirs_rot.float()).abs()
-    carried = op.wo_a_ref(delta, wb.abs(), groups).flatten(1)  # Σ|Δ·w|
-    mag = op.wo_a_ref(ours_rot.abs(), wb.abs(), groups).flatten(1)  # Σ|a·w| per output, fp32
-    k = HPG * D
-    rounding = bf16_ulp(torch.maximum(ours.float().abs(), theirs.float().abs()))
-    return rounding + carried + 2 * k * 2.0**-24 * mag
-
-
 def _front_case(tp: int) -> None:
     oproj = pytest.importorskip("vllm.models.deepseek_v4.nvidia.ops.o_proj")
     from vllm.v1.attention.ops import rocm_aiter_mla_sparse as rms
 
-    groups = V41.per_rank(tp).o_groups
-    gen = generator(f"o-proj-front-tp{tp}")
-    t = 7
-    o = torch.randn(t, groups * HPG, D, generator=gen).bfloat16().to(DEV)  # [T, H, 512]
-    positions = torch.randint(0, 4096, (t,), generator=gen).to(DEV)
-    cos_sin = torch.randn(4096, 64, generator=gen).to(DEV)
-    wb = (torch.randn(groups * R, HPG * D, generator=gen) * 0.03).bfloat16().to(DEV)  # [G * 1024, 4096]
+    o, positions, cos_sin, wb, groups = front_inputs(tp, DEV)
     try:
-        theirs = oproj.deep_gemm_fp8_o_proj(
-            o.clone(),
-            positions,
-            cos_sin,
-            types.SimpleNamespace(weight=wb),
-            lambda z: z,
-            n_groups=groups,
-            heads_per_group=HPG,
-            nope_dim=448,
-            rope_dim=64,
-            o_lora_rank=R,
-            einsum_recipe=(1, 128, 128),
-            tma_aligned_scales=False,
-        )
+        theirs = upstream_front(oproj, o, positions, cos_sin, wb, groups)
     except NotImplementedError as exc:  # vLLM's custom op has no registration for this device here
         pytest.skip(f"upstream's fused_inv_rope_fp8_quant op is not registered here: {str(exc)[:80]}")
     rotated = o.clone()
     rms.rocm_inverse_rope_rows_(rotated, positions, cos_sin, 64)  # what the SM8x layer's forward_mqa does
-    theirs_rot, _ = oproj.fused_inv_rope_fp8_quant(
-        o.clone(), positions, cos_sin, n_groups=groups, heads_per_group=HPG, quantize=False
-    )
-    theirs_rot = theirs_rot.reshape(rotated.shape).cpu()
+    theirs_rot = upstream_rotation(oproj, o, positions, cos_sin, groups).cpu()
     assert_within_ulps(
         f"inverse RoPE tp{tp}", rotated.cpu(), theirs_rot, ulps=1, abs=0.0, why="a*b+c contracted or not"
     )
     ours = op.wo_a_bmm(rotated, wb, groups).flatten(1)  # [T, G * 1024]
     assert ours.dtype == theirs.dtype == torch.bfloat16
-    why = "Σ|Δ·w| of the rotations + fp32 accumulation order over K = 4096, both sides + one bf16 rounding"
     bound = front_bound(rotated.cpu(), theirs_rot, wb.cpu(), ours.cpu(), theirs.cpu(), groups)
-    assert_within_bound(f"o_proj front tp{tp}", ours.cpu(), theirs.cpu(), bound, why=why)
+    assert_within_bound(f"o_proj front tp{tp}", ours.cpu(), theirs.cpu(), bound, why=FRONT_WHY)
     unrotated = op.wo_a_bmm(o, wb, groups).flatten(1).cpu()  # the rotation left out: must not pass
     with pytest.raises(MismatchError):
-        assert_within_bound("no rotation", unrotated, theirs.cpu(), bound, why=why)
+        assert_within_bound("no rotation", unrotated, theirs.cpu(), bound, why=FRONT_WHY)
 
 
-@pytest.mark.parametrize("tp", (8, 4))
+@pytest.mark.parametrize("tp", FRONT_TP)
 def test_o_proj_front_matches_upstream_bf16_branch(tp: int) -> None:
     if _vllm_triton():
         _front_case(tp)

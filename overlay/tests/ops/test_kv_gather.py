@@ -2,10 +2,10 @@
 
 `out` starts as random bits, and the whole tensor is compared, so rows outside a gather must survive
 untouched. Upstream's own kernel (tl.float8e4nv) is compared on GPUs of capability >= 8.9 (the H200).
+Cases, the input builder and the contract: testing/cases/kv_gather.py.
 """
 
 import inspect
-from dataclasses import dataclass
 
 import pytest
 import torch
@@ -14,116 +14,32 @@ from hypothesis import strategies as st
 
 from deepinfer_sm80.formats.fp8_ds_mla import RECORD_BYTES, make_k_cache, page_bytes, token_views
 from deepinfer_sm80.ops import kv_gather as kvg
+from deepinfer_sm80.testing.cases.kv_gather import (
+    CASES,
+    Case,
+    comparable,
+    gather,
+    gather_inputs,
+    upstream_gather,
+)
 from deepinfer_sm80.testing.compare import assert_bitwise_equal
 from deepinfer_sm80.testing.gates import interpreting, requires_cuda, requires_sm, test_device
-from deepinfer_sm80.testing.inputs import generator, scale_bytes, seed_note
+from deepinfer_sm80.testing.inputs import generator, seed_note
 
 DEV = test_device()
 IMPLS = {"base": kvg.base_dequantize_and_gather_k_cache, "optimized": kvg.dequantize_and_gather_k_cache}
 
 
-@dataclass(frozen=True)
-class Case:
-    name: str
-    seq_lens: tuple[int, ...]
-    gather_lens: tuple[int, ...] | None = None  # None: compressed-cache call (whole sequences)
-    block_size: int = 32
-    offset: int = 0
-    spare_rows: int = 5  # out rows past the longest gather
-    out_row_stride: int = 512  # > 512: each out row is a slice of a wider workspace row
-    table_pad: int = 0  # > 0: block_table is a column slice of a wider table (stride(0) > shape[1])
-    table_dtype: torch.dtype = torch.int32
-    layers_per_block: int = 1
-    max_gather_len: int | None = None
-
-
-CASES = [
-    Case("single-token", (1,)),
-    Case("compressed-bs128", (300,), block_size=128),
-    Case("compressed-bs64-two-reqs", (70, 129), block_size=64, max_gather_len=129),
-    Case("swa-offset", (40, 500, 7), (33, 127, 7), offset=11),
-    Case("zero-length", (0, 50, 20), (0, 50, 0), block_size=64),
-    Case("strided-out", (45, 3), (20, 3), offset=4, out_row_stride=1024),
-    Case("strided-table-int64", (90, 33), table_pad=3, table_dtype=torch.int64),
-    Case("shared-block", (77,), (61,), layers_per_block=3),
-    Case("max-gather-len-too-small", (150,), block_size=32, max_gather_len=1),
-]
-
-
-def make_case(case: Case, seed: int | None = None, *, with_zero_scale: bool = True):
-    """(out, k_cache, seq_lens, gather_lens, block_table) on DEV. Data bytes are uniform over all 256
-    codes (NaN codes included); RoPE halves are random bits plus NaN, ±inf and -0."""
-    gen = generator(case.name) if seed is None else torch.Generator().manual_seed(seed)
-    bs, reqs = case.block_size, len(case.seq_lens)
-    blocks_per_req = [-(-s // bs) for s in case.seq_lens]
-    num_blocks = sum(blocks_per_req) + 2
-    cache = make_k_cache(
-        num_blocks,
-        bs,
-        layers_per_block=case.layers_per_block,
-        layer=case.layers_per_block - 1,
-        device=DEV,
-        generator=gen,
-    )
-    data, scale = token_views(cache, bs)
-    scale[..., :7] = scale_bytes((num_blocks, bs, 7), gen, with_zero=with_zero_scale)
-    rope = data[..., 448:].view(torch.int16)
-    for col, value in enumerate((float("nan"), float("inf"), float("-inf"), -0.0)):
-        rope[:, ::3, col] = torch.tensor(value, dtype=torch.bfloat16).view(torch.int16)
-
-    width = max(max(blocks_per_req), 1)
-    table = torch.full((reqs, width + 2 * case.table_pad), -7, dtype=case.table_dtype)
-    perm = torch.randperm(num_blocks, generator=gen)
-    start = 0
-    for r, nb in enumerate(blocks_per_req):
-        table[r, case.table_pad : case.table_pad + nb] = perm[start : start + nb].to(case.table_dtype)
-        start += nb
-    table = table.to(DEV)[:, case.table_pad : case.table_pad + width]
-
-    gathered = case.gather_lens or case.seq_lens
-    rows = case.offset + max(gathered) + case.spare_rows
-    out = torch.randint(
-        -(2**15), 2**15, (reqs + 1, rows, case.out_row_stride), dtype=torch.int16, generator=gen
-    )
-    out = out.to(DEV).view(torch.bfloat16)[:reqs, :, :512]  # slice after the move: .to() would pack it
-    seq_lens = torch.tensor(case.seq_lens, dtype=torch.int32, device=DEV)
-    gather_lens = (
-        None if case.gather_lens is None else torch.tensor(case.gather_lens, dtype=torch.int32, device=DEV)
-    )
-    return out, cache, seq_lens, gather_lens, table
-
-
-def match_interpreter(out: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
-    """Under TRITON_INTERPRET the fp32->bf16 cast of an fp32 *subnormal* is wrong (triton/runtime/
-    interpreter.py `_convert_float` renormalises, then clamps the exponent), so those outputs - only
-    scale bytes <= 9, never written by an encoder - are compared on the GPU alone."""
-    if not interpreting():
-        return out
-    bits = ref.view(torch.int16)
-    subnormal = ((bits & 0x7F80) == 0) & ((bits & 0x7F) != 0)
-    return torch.where(subnormal, ref, out)
-
-
 def run_and_check(impl: str, case: Case, seed: int | None = None) -> None:
     # base scales with exp2(u - 127): the interpreter's numpy exp2(-127) is 2^-127, the GPU's
     # ex2.approx.ftz is 0 (docs/FP8_DS_MLA.md), so base meets scale byte 0 on the GPU only
-    out, cache, seq_lens, gather_lens, table = make_case(
-        case, seed, with_zero_scale=impl == "optimized" or not interpreting()
-    )
+    inputs = gather_inputs(case, DEV, seed, with_zero_scale=impl == "optimized" or not interpreting())
+    out, cache, seq_lens, gather_lens, table = inputs
     ref = out.clone()
     kvg.dequantize_and_gather_ref(ref, cache, seq_lens, gather_lens, table, case.block_size, case.offset)
-    IMPLS[impl](
-        out,
-        cache,
-        seq_lens,
-        gather_lens,
-        table,
-        case.block_size,
-        case.offset,
-        max_gather_len=case.max_gather_len,
-    )
+    gather(IMPLS[impl], case, inputs)
     note = seed_note(case.name) if seed is None else f"hypothesis seed {seed}"
-    assert_bitwise_equal(f"gather[{impl}] {note}", match_interpreter(out, ref), ref)
+    assert_bitwise_equal(f"gather[{impl}] {note}", comparable(out, ref), ref)
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -209,7 +125,7 @@ def test_page_offsets_past_2_31(impl):
 
 @pytest.mark.parametrize("impl", IMPLS)
 def test_rejects_unsupported_inputs(impl):
-    out, cache, seq_lens, _, table = make_case(CASES[0])
+    out, cache, seq_lens, _, table = gather_inputs(CASES[0], DEV)
     with pytest.raises(ValueError, match="ROCm"):
         IMPLS[impl](out, cache, seq_lens, None, table, 32, 0, use_fnuz=True)
     with pytest.raises(NotImplementedError, match="584"):
@@ -234,31 +150,10 @@ def test_signatures_match_upstream():
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
 def test_matches_upstream_kernel(case, impl):
     cu = pytest.importorskip("vllm.models.deepseek_v41.common.ops.cache_utils")
-    out, cache, seq_lens, gather_lens, table = make_case(case)
-    want = out.clone()
-    gathered = case.gather_lens or case.seq_lens
-    # upstream's Triton path (the CuTeDSL one is sm_90-only); its row stride is shape[-1], so it gets a
-    # contiguous table: the strided-table case checks ours against the same blocks
-    cu.dequantize_and_gather_k_cache_triton(
-        want,
-        cache,
-        seq_lens,
-        gather_lens,
-        table.contiguous(),
-        case.block_size,
-        case.offset,
-        max_gather_len=max(max(gathered), 1),
-    )
-    IMPLS[impl](
-        out,
-        cache,
-        seq_lens,
-        gather_lens,
-        table,
-        case.block_size,
-        case.offset,
-        max_gather_len=case.max_gather_len,
-    )
+    inputs = gather_inputs(case, DEV)
+    out, want = inputs[0], inputs[0].clone()
+    upstream_gather(cu, want, case, inputs)
+    gather(IMPLS[impl], case, inputs)
     assert_bitwise_equal(f"gather[{impl}] vs upstream {seed_note(case.name)}", out, want)
 
 

@@ -2,10 +2,10 @@
 
 Every comparison covers the whole page pool, so a stray or missing write anywhere shows. Upstream's own
 kernel (tl.float8e4nv) is compared on GPUs of capability >= 8.9 (the H200) at the end.
+Cases, the input builder and the contract: testing/cases/kv_quant_insert.py.
 """
 
 import inspect
-from dataclasses import dataclass
 
 import pytest
 import torch
@@ -17,6 +17,14 @@ from hypothesis import strategies as st
 from deepinfer_sm80.formats.fp8_ds_mla import RECORD_BYTES, make_k_cache, token_views
 from deepinfer_sm80.ops import kv_quant_insert as kvi
 from deepinfer_sm80.ops.fp8 import e4m3_decode_ref, e4m3_encode_ref
+from deepinfer_sm80.testing.cases.kv_quant_insert import (
+    CASES,
+    TILE_CASE,
+    Case,
+    insert_inputs,
+    upstream_insert,
+)
+from deepinfer_sm80.testing.cases.upstream_records import clone_view, pool_of
 from deepinfer_sm80.testing.compare import assert_bitwise_equal
 from deepinfer_sm80.testing.gates import requires_cuda, requires_sm, test_device
 from deepinfer_sm80.testing.inputs import avoid_seven_pow2, generator, k_rows, seed_note
@@ -25,84 +33,33 @@ DEV = test_device()
 IMPLS = {"base": kvi.base_quantize_and_insert_k_cache, "optimized": kvi.quantize_and_insert_k_cache}
 
 
-@dataclass(frozen=True)
-class Case:
-    name: str
-    tokens: int
-    block_size: int = 32  # SWA pages; compressed pages hold 128 or 64 states (docs/FP8_DS_MLA.md)
-    num_blocks: int = 6
-    skipped: int = 0  # slots set to -1
-    slot_dtype: torch.dtype = torch.int64
-    extra_rows: int = 0  # k rows past the last slot (DP padding: slot_mapping is shorter than k)
-    k_row_stride: int = 512
-    layers_per_block: int = 1
-
-
-CASES = [
-    Case("single-token", 1),
-    Case("decode-64", 64, block_size=64, num_blocks=2),
-    Case("odd-T37", 37, skipped=5),
-    Case("int32-slots", 50, slot_dtype=torch.int32, skipped=3),
-    Case("bs128", 90, block_size=128, num_blocks=2),
-    Case("padded-k", 20, extra_rows=7, skipped=20),
-    Case("strided-k", 9, k_row_stride=640),
-    Case("shared-block", 30, layers_per_block=3),
-]
-
-
-def make_case(case: Case, seed: int | None = None):
-    """(k, slots, cache) on DEV, drawn from crc32(case.name) unless a (hypothesis) seed is given."""
-    gen = generator(case.name) if seed is None else torch.Generator().manual_seed(seed)
-    k = k_rows(case.tokens, gen, device=DEV, row_stride=case.k_row_stride, extra_rows=case.extra_rows)
-    slots = torch.randperm(case.num_blocks * case.block_size, generator=gen)[: case.tokens]
-    slots[torch.randperm(case.tokens, generator=gen)[: case.skipped]] = -1
-    cache = make_k_cache(
-        case.num_blocks,
-        case.block_size,
-        layers_per_block=case.layers_per_block,
-        layer=case.layers_per_block - 1,
-        device=DEV,
-        generator=gen,
-    )
-    return k, slots.to(case.slot_dtype).to(DEV), cache
-
-
-def pool(cache: torch.Tensor) -> torch.Tensor:
-    """The whole allocation behind a cache view (other layers' pages and page padding included)."""
-    return cache._base if cache._base is not None else cache
-
-
-def clone_cache(cache: torch.Tensor) -> torch.Tensor:
-    return pool(cache).clone().as_strided(cache.shape, cache.stride(), cache.storage_offset())
-
-
 def check(
     impl: str, k: torch.Tensor, slots: torch.Tensor, cache: torch.Tensor, block_size: int, note: str = ""
 ) -> None:
     if impl == "base":
         k = avoid_seven_pow2(k)
-    ref, out = clone_cache(cache), clone_cache(cache)
+    ref, out = clone_view(cache), clone_view(cache)
     kvi.quantize_and_insert_ref(k, ref, slots, block_size)
     IMPLS[impl](k, out, slots, block_size)
-    assert_bitwise_equal(f"insert[{impl}] {note}", pool(out), pool(ref))
+    assert_bitwise_equal(f"insert[{impl}] {note}", pool_of(out), pool_of(ref))
 
 
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
 def test_matches_reference(case, impl):
-    k, slots, cache = make_case(case)
+    k, slots, cache = insert_inputs(case, DEV)
     check(impl, k, slots, cache, case.block_size, note=seed_note(case.name))
 
 
 @pytest.mark.parametrize("block_t", [kvi.BLOCK_T, kvi.PREFILL_BLOCK_T])
 def test_both_launch_tiles_match_reference(block_t):
     # the launcher picks the tile by batch size; both tiles must write the same bytes (T=37: a tail)
-    case = Case("odd-T37", 37, skipped=5)
-    k, slots, cache = make_case(case)
-    ref, out = clone_cache(cache), clone_cache(cache)
+    case = TILE_CASE
+    k, slots, cache = insert_inputs(case, DEV)
+    ref, out = clone_view(cache), clone_view(cache)
     kvi.quantize_and_insert_ref(k, ref, slots, case.block_size)
     kvi.launch_insert(k, out, slots, case.block_size, block_t=block_t)
-    assert_bitwise_equal(f"insert tile {block_t}", pool(out), pool(ref))
+    assert_bitwise_equal(f"insert tile {block_t}", pool_of(out), pool_of(ref))
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -141,10 +98,10 @@ def test_amax_seven_pow2_takes_the_lower_exponent():
     k = x.bfloat16().to(DEV)
     cache = make_k_cache(1, 32, device=DEV, generator=torch.Generator().manual_seed(4))
     slots = torch.arange(len(j), device=DEV)
-    ref = clone_cache(cache)
+    ref = clone_view(cache)
     kvi.quantize_and_insert_ref(k, ref, slots, 32)
     kvi.quantize_and_insert_k_cache(k, cache, slots, 32)
-    assert_bitwise_equal("insert 7·2^j", pool(cache), pool(ref))
+    assert_bitwise_equal("insert 7·2^j", pool_of(cache), pool_of(ref))
     data, scale = token_views(cache, 32)
     assert (data[0, : len(j), 0].cpu() == 0x7E).all()
     assert scale[0, : len(j), 0].cpu().tolist() == (j - 6 + 127).tolist()
@@ -192,7 +149,7 @@ def test_fuzz_optimized(tokens, block_size, skip_frac, slot_dtype, extra_rows, l
         extra_rows=extra_rows,
         layers_per_block=layers,
     )
-    k, slots, cache = make_case(case, seed)
+    k, slots, cache = insert_inputs(case, DEV, seed)
     check("optimized", k, slots, cache, block_size)
 
 
@@ -200,7 +157,7 @@ def test_fuzz_optimized(tokens, block_size, skip_frac, slot_dtype, extra_rows, l
 @given(tokens=st.integers(1, 24), block_size=st.sampled_from([32, 128]), seed=st.integers(0, 2**31 - 1))
 def test_fuzz_base(tokens, block_size, seed):
     case = Case("fuzz", tokens, block_size=block_size, num_blocks=2, skipped=tokens // 4)
-    k, slots, cache = make_case(case, seed)
+    k, slots, cache = insert_inputs(case, DEV, seed)
     check("base", k, slots, cache, block_size)
 
 
@@ -249,12 +206,11 @@ def test_signatures_match_upstream():
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
 def test_matches_upstream_kernel(case, impl):
     cu = pytest.importorskip("vllm.models.deepseek_v41.common.ops.cache_utils")
-    k, slots, cache = make_case(case)
-    want, got = clone_cache(cache), clone_cache(cache)
-    # upstream's kernel indexes k rows by 512 (no stride argument): it gets the same rows packed
-    cu.quantize_and_insert_k_cache(k.contiguous(), want, slots, block_size=case.block_size)
+    k, slots, cache = insert_inputs(case, DEV)
+    want, got = clone_view(cache), clone_view(cache)
+    upstream_insert(cu, k, want, slots, case.block_size)
     IMPLS[impl](k, got, slots, case.block_size)
-    assert_bitwise_equal(f"insert[{impl}] vs upstream {seed_note(case.name)}", pool(got), pool(want))
+    assert_bitwise_equal(f"insert[{impl}] vs upstream {seed_note(case.name)}", pool_of(got), pool_of(want))
 
 
 @requires_sm(8, 9)  # upstream's writer lowers tl.float8e4nv, which needs hardware e4m3 (sm_89+)

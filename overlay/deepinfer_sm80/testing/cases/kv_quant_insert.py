@@ -1,14 +1,80 @@
-"""Cases of the KV insert (row `kv_quant_insert`, ops/kv_quant_insert.py): the entry-point A/B prefill shapes, and
-the bitwise cases against upstream's kernel (sm_89+) that bench/kv_quant_insert.py records in its JSON and
-tests/ops/test_kv_quant_insert.py asserts."""
+"""Cases of the KV insert (row `kv_quant_insert`, ops/kv_quant_insert.py): the named interpreter cases its
+test runs base and optimized over (and their input builder), the entry-point A/B prefill shapes, and the
+bitwise cases against upstream's kernel (sm_89+) that bench/kv_quant_insert.py records in its JSON and
+tests/ops/test_kv_quant_insert.py asserts.
+
+Equality contract: bitwise on the whole page pool (`pool_of`: other layers' pages and page padding
+included), so a stray or missing write anywhere shows; base only off amax = 7·2^j groups, whose float
+exponent may round either way (`avoid_seven_pow2`, docs/FP8_DS_MLA.md)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
+
+import torch
 
 from deepinfer_sm80.testing.cases.entry_point import Shape, bitwise
 from deepinfer_sm80.testing.cases.upstream_records import bitwise_record, clone_view, pool_of
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str  # the seed
+    tokens: int
+    block_size: int = 32  # SWA pages; compressed pages hold 128 or 64 states (docs/FP8_DS_MLA.md)
+    num_blocks: int = 6
+    skipped: int = 0  # slots set to -1
+    slot_dtype: torch.dtype = torch.int64
+    extra_rows: int = 0  # k rows past the last slot (DP padding: slot_mapping is shorter than k)
+    k_row_stride: int = 512
+    layers_per_block: int = 1
+
+
+CASES = [
+    Case("single-token", 1),
+    Case("decode-64", 64, block_size=64, num_blocks=2),
+    Case("odd-T37", 37, skipped=5),  # a tail for either launch tile
+    Case("int32-slots", 50, slot_dtype=torch.int32, skipped=3),
+    Case("bs128", 90, block_size=128, num_blocks=2),
+    Case("padded-k", 20, extra_rows=7, skipped=20),
+    Case("strided-k", 9, k_row_stride=640),
+    Case("shared-block", 30, layers_per_block=3),
+]
+TILE_CASE = CASES[2]  # odd-T37: both launch tiles must write the same bytes
+
+
+def insert_inputs(
+    case: Case, device: str, seed: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(k, slots, cache) on `device`, drawn on the CPU from crc32(case.name) unless a (hypothesis) seed is
+    given."""
+    from deepinfer_sm80.formats.fp8_ds_mla import make_k_cache
+    from deepinfer_sm80.testing.inputs import generator, k_rows
+
+    gen = generator(case.name) if seed is None else torch.Generator().manual_seed(seed)
+    k = k_rows(case.tokens, gen, device=device, row_stride=case.k_row_stride, extra_rows=case.extra_rows)
+    slots = torch.randperm(case.num_blocks * case.block_size, generator=gen)[: case.tokens]
+    slots[torch.randperm(case.tokens, generator=gen)[: case.skipped]] = -1
+    cache = make_k_cache(
+        case.num_blocks,
+        case.block_size,
+        layers_per_block=case.layers_per_block,
+        layer=case.layers_per_block - 1,
+        device=device,
+        generator=gen,
+    )
+    return k, slots.to(case.slot_dtype).to(device), cache
+
+
+def upstream_insert(
+    cu: Any, k: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor, block_size: int
+) -> None:
+    """Upstream's `quantize_and_insert_k_cache` (module `cu`); it indexes k rows by 512 (no stride
+    argument), so it gets the same rows packed."""
+    cu.quantize_and_insert_k_cache(k.contiguous(), cache, slots, block_size=block_size)
+
 
 # (tokens, block size, slot dtype): one token, int32 slots, a prefill chunk, the largest insert timed
 UPSTREAM_CASES = ((1, 32, "int64"), (37, 32, "int32"), (1536, 128, "int64"), (8192, 64, "int64"))
@@ -50,8 +116,6 @@ def entry_point_shapes(quick: bool) -> Iterator[Shape]:
 def upstream_bitwise(cu: Any, gen: Any) -> dict[str, object]:
     """Base, optimized and the torch reference vs upstream's `quantize_and_insert_k_cache` (module `cu`) on
     the whole pool: random slots with a seventh skipped (-1), RoPE columns of any bits (NaN/inf/-0)."""
-    import torch
-
     from deepinfer_sm80.ops import kv_quant_insert as kvi
     from deepinfer_sm80.testing.inputs import avoid_seven_pow2, k_rows, page_pool
 
@@ -82,8 +146,6 @@ def upstream_bitwise(cu: Any, gen: Any) -> dict[str, object]:
 
 def seven_pow2_probe(cu: Any, gen: Any) -> dict[str, object]:
     """Which exponent upstream's `ceil(log2(amax / 448))` picks when amax = 7·2^j exactly, beside ours."""
-    import torch
-
     from deepinfer_sm80.formats.fp8_ds_mla import token_views
     from deepinfer_sm80.ops import kv_quant_insert as kvi
     from deepinfer_sm80.testing.inputs import page_pool
