@@ -14,7 +14,6 @@ from typing import Any
 import torch
 
 from deepinfer_sm80.ops.mhc import boundary as bd
-from deepinfer_sm80.ops.mhc import reference as ref
 from deepinfer_sm80.ops.mhc import splits
 from deepinfer_sm80.testing.bench import (
     Ceilings,
@@ -26,14 +25,14 @@ from deepinfer_sm80.testing.bench import (
     summarize,
     time_graph,
 )
-from deepinfer_sm80.testing.cases.mhc import V41_PARAMS, boundary_inputs
+from deepinfer_sm80.testing.cases import mhc as cases
+from deepinfer_sm80.testing.cases.mhc import SCALARS, V41_PARAMS, boundary_inputs
 from deepinfer_sm80.testing.compare import MismatchError, assert_close
 
 HIDDEN = 5120
 TOKENS = (1, 2, 4, 6, 8, 12, 16, 32, 64, 1536)
 SWEEP_TOKENS = (1, 12, 1536)
 P = V41_PARAMS
-SCALARS = (P.rms_eps, P.hc_pre_eps, P.hc_sinkhorn_eps, P.hc_post_mult_value, P.sinkhorn_repeat)
 WRITEUP = {6: 1.30, 12: 2.89}  # the reference write-up's SM80 speed-ups (its own numbers, A100)
 # scripts/h200_final.sh runs this bench in its phase 2 (TileLang's wheels come with that call)
 H200_FINAL_PHASE = 2
@@ -47,23 +46,6 @@ def boundary_bytes(num_tokens: int, hidden: int = HIDDEN) -> int:
 def _sets(name: str, num_tokens: int) -> list[Any]:
     n_sets = input_sets_needed(boundary_bytes(num_tokens), limit=48)
     return [boundary_inputs(f"{name}-{i}", num_tokens, HIDDEN).to("cuda") for i in range(n_sets)]
-
-
-def _fused_args(inp: Any) -> tuple[Any, ...]:
-    return (
-        inp.x,
-        inp.residual,
-        inp.post.unsqueeze(-1),
-        inp.comb,
-        inp.fn,
-        inp.hc_scale,
-        inp.hc_base,
-        *SCALARS,
-    )
-
-
-def _fused_kw(inp: Any) -> dict[str, Any]:
-    return dict(pre_mix=inp.pre_mix, norm_weight=inp.norm_weight, norm_eps=P.norm_eps)
 
 
 def _verdict(outs: Any, want: Any) -> str:
@@ -87,21 +69,14 @@ def _time(fn: Any, sets: list[Any], ceilings: Ceilings, label: str, num_tokens: 
 def fused_rows(num_tokens: int, up: Any, ceilings: Ceilings) -> tuple[list[Row], dict[str, float]]:
     sets = _sets(f"bench-fused-T{num_tokens}", num_tokens)
     inp = sets[0]
-    want = ref.boundary(
-        inp.residual,
-        inp.fn,
-        inp.hc_scale,
-        inp.hc_base,
-        P,
-        x=inp.x,
-        post=inp.post,
-        comb=inp.comb,
-        pre_mix=inp.pre_mix,
-        norm_weight=inp.norm_weight,
-    )
+    want = cases.spec(inp, fused=True)
     impls = {
-        "deepinfer": lambda s: bd.mhc_fused_post_pre_delayed_tilelang(*_fused_args(s), **_fused_kw(s)),
-        "upstream": lambda s: up.mhc_fused_post_pre_delayed_tilelang(*_fused_args(s), **_fused_kw(s)),
+        "deepinfer": lambda s: bd.mhc_fused_post_pre_delayed_tilelang(
+            *cases.fused_args(s), **cases.fused_kw(s)
+        ),
+        "upstream": lambda s: up.mhc_fused_post_pre_delayed_tilelang(
+            *cases.fused_args(s), **cases.fused_kw(s)
+        ),
     }
     rows, us = [], {}
     for impl, fn in impls.items():
@@ -113,22 +88,7 @@ def fused_rows(num_tokens: int, up: Any, ceilings: Ceilings) -> tuple[list[Row],
     if num_tokens <= 64 or num_tokens == 1536:
         t = summarize(
             f"mhc_post_pre T={num_tokens} torch",
-            time_graph(
-                lambda i: ref.boundary(
-                    sets[i].residual,
-                    sets[i].fn,
-                    sets[i].hc_scale,
-                    sets[i].hc_base,
-                    P,
-                    x=sets[i].x,
-                    post=sets[i].post,
-                    comb=sets[i].comb,
-                    pre_mix=sets[i].pre_mix,
-                    norm_weight=sets[i].norm_weight,
-                ),
-                min(len(sets), 4),
-                replays=5,
-            ),
+            time_graph(lambda i: cases.spec(sets[i], fused=True), min(len(sets), 4), replays=5),
             boundary_bytes(num_tokens),
             ceilings,
         )
@@ -181,7 +141,7 @@ def sweep(num_tokens: int, ceilings: Ceilings) -> list[dict[str, object]]:
     out = []
     for cfg in cfgs:
         t = _time(
-            lambda s, c=cfg: bd.fused_post_pre_with_config(c, *_fused_args(s), **_fused_kw(s)),
+            lambda s, c=cfg: bd.fused_post_pre_with_config(c, *cases.fused_args(s), **cases.fused_kw(s)),
             sets,
             ceilings,
             f"sweep T={num_tokens} {cfg}",
@@ -204,17 +164,8 @@ def side_rows(up: Any, ceilings: Ceilings) -> list[Row]:
         streams = [s.x.unsqueeze(1).expand(-1, 4, -1).contiguous() for s in sets]
 
         def first(mod: Any, i: int, sets: list[Any] = sets, streams: list[Any] = streams) -> Any:
-            s = sets[i]
-            return mod.mhc_pre_delayed_tilelang(
-                streams[i],
-                s.fn_broadcast,
-                s.hc_scale,
-                s.hc_base,
-                *SCALARS,
-                x=s.x,
-                norm_weight=s.norm_weight,
-                norm_eps=P.norm_eps,
-            )
+            args, kw = cases.pre_call(sets[i], first=True, residual=streams[i])
+            return mod.mhc_pre_delayed_tilelang(*args, **kw)
 
         for impl, mod in (("deepinfer", bd), ("upstream", up)):
             samples = time_graph(lambda i, m=mod: first(m, i), len(sets), replays=15)
@@ -226,9 +177,7 @@ def side_rows(up: Any, ceilings: Ceilings) -> list[Row]:
         post_bytes = num_tokens * HIDDEN * 2 * 9
         for impl, mod in (("deepinfer", bd), ("upstream", up)):
             samples = time_graph(
-                lambda i, m=mod, s=sets: m.mhc_post_tilelang(
-                    s[i].x, s[i].residual, s[i].post.unsqueeze(-1), s[i].comb
-                ),
+                lambda i, m=mod, s=sets: m.mhc_post_tilelang(*cases.post_args(s[i])),
                 len(sets),
                 replays=15,
             )

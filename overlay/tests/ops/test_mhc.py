@@ -1,5 +1,6 @@
 """mHC boundaries: the torch spec on its own, against upstream's torch references, the split selector,
 the sm_80 cross-compile, and (on a GPU) our TileLang kernels against the spec and upstream's kernels.
+Token counts, configs, the spec call, the argument lists and the contracts: testing/cases/mhc.py.
 """
 
 from __future__ import annotations
@@ -14,53 +15,50 @@ import torch
 
 from deepinfer_sm80.ops.mhc import reference as ref
 from deepinfer_sm80.ops.mhc import splits
-from deepinfer_sm80.testing.cases.mhc import V41_PARAMS, boundary_inputs
-from deepinfer_sm80.testing.compare import assert_bitwise_equal, assert_close, assert_within_ulps
+from deepinfer_sm80.testing.cases.mhc import (
+    GPU_TOKENS,
+    HIDDEN,
+    OTHER_HIDDEN,
+    PATH_TOKENS,
+    POST_TOKENS,
+    SCALARS,
+    SELECTOR_TOKENS,
+    SINKHORN_TOKENS,
+    SM_COUNTS,
+    SMALL_H,
+    SMALL_T_CONFIGS,
+    SMALL_T_TOKENS,
+    TC_TOKENS,
+    TOL,
+    UPSTREAM_FIRST_TOKENS,
+    UPSTREAM_POST_TOKENS,
+    UPSTREAM_TOKENS,
+    UPSTREAM_TOL,
+    UPSTREAM_WHY,
+    V41_PARAMS,
+    VARIANTS,
+    WHY,
+    bf16_close,
+    boundary_inputs,
+    fused_args,
+    fused_kw,
+    post_args,
+    pre_call,
+    spec,
+)
+from deepinfer_sm80.testing.compare import assert_bitwise_equal, assert_close
 from deepinfer_sm80.testing.gates import requires_cuda
 from deepinfer_sm80.testing.inputs import generator, seed_note
-from deepinfer_sm80.testing.shapes import V41
 from deepinfer_sm80.testing.tilelang_compile import tilelang_missing_reason
 
 P = V41_PARAMS
 # scripts/h200_final.sh phase 2 runs this module under compute-sanitizer, in this order (time-boxed)
 H200_SANITIZE_ORDER = 8
-HIDDEN = V41.hidden
-SMALL_H = 1024  # CPU reference cases: the boundary is per token, so a short row exercises every step
-OTHER_HIDDEN = (4096, 7168)  # other DeepSeek hidden sizes the selector must align for
-SM_COUNTS = (82, 84, 108, 132)  # RTX 3090, RTX A6000, A100/A800, H200
 UPSTREAM_TORCH = importlib.util.find_spec("vllm") is not None
-TOL = dict(abs=2e-5, rel_in_eps=2**10)  # fp32: sum order over 20480 terms + rsqrtf/expf approximations
-
-
-def _run(
-    inp,
-    *,
-    fused: bool,
-    first: bool = False,
-    pre: bool = True,
-    norm: bool = True,
-    aux: bool = False,
-    dtype=torch.float32,
-):
-    return ref.boundary(
-        inp.residual if not first else inp.x.unsqueeze(1).expand(-1, 4, -1).contiguous(),
-        inp.fn if not first else inp.fn_broadcast,
-        inp.hc_scale,
-        inp.hc_base,
-        P,
-        x=inp.x if fused else None,
-        post=inp.post if fused else None,
-        comb=inp.comb if fused else None,
-        pre_mix=inp.pre_mix if pre and not first else None,
-        gemm_input=inp.x if first else None,
-        norm_weight=inp.norm_weight if norm else None,
-        capture_aux=aux,
-        dtype=dtype,
-    )
 
 
 # ----------------------------------------------------------------------------- the reference on its own
-@pytest.mark.parametrize("num_tokens", [1, 7, 1000])
+@pytest.mark.parametrize("num_tokens", SINKHORN_TOKENS)
 def test_sinkhorn_is_doubly_stochastic(num_tokens):
     name = f"sinkhorn-T{num_tokens}"
     logits = torch.randn(num_tokens, 4, 4, generator=generator(name))  # O(1), as the gates produce
@@ -78,7 +76,7 @@ def test_sinkhorn_is_doubly_stochastic(num_tokens):
 def test_float32_spec_agrees_with_float64(fused):
     name = f"f64-{fused}"
     inp = boundary_inputs(name, 6, SMALL_H)
-    o32, o64 = _run(inp, fused=fused), _run(inp, fused=fused, dtype=torch.float64)
+    o32, o64 = spec(inp, fused=fused), spec(inp, fused=fused, dtype=torch.float64)
     why = "fp32 vs fp64 accumulation over 4H-term dot products and 20 Sinkhorn iterations"
     for field in ("post", "comb", "pre_mix"):
         assert_close(
@@ -96,9 +94,9 @@ def test_pre_matches_upstream_torch_reference():
 
     name = "upstream-torch-pre"
     inp = boundary_inputs(name, 5, SMALL_H)
-    mine = _run(inp, fused=False, norm=False)
+    mine = spec(inp, fused=False, norm=False)
     post, comb, layer_input, pre = mhc_pre_delayed_torch(
-        inp.residual, inp.fn, inp.hc_scale, inp.hc_base, *_scalars(), pre_mix=inp.pre_mix
+        inp.residual, inp.fn, inp.hc_scale, inp.hc_base, *SCALARS, pre_mix=inp.pre_mix
     )
     assert_bitwise_equal("post", mine.post, post.squeeze(-1))
     assert_bitwise_equal("comb", mine.comb, comb)
@@ -127,19 +125,15 @@ def test_post_map_matches_upstream_torch_reference():
 
 def test_first_layer_collapse_is_the_embedding():
     inp = boundary_inputs("first-layer", 3, SMALL_H)
-    out = _run(inp, fused=False, first=True, norm=False)
+    out = spec(inp, fused=False, first=True, norm=False)
     assert_bitwise_equal("layer_input", out.layer_input, inp.x)
 
 
 def test_zero_rows_stay_finite():
     inp = boundary_inputs("zero-rows", 4, SMALL_H, zero_rows=2)
-    out = _run(inp, fused=False)
+    out = spec(inp, fused=False)
     for field in ("post", "comb", "pre_mix", "layer_input"):
         assert getattr(out, field).float().isfinite().all(), field
-
-
-def _scalars():
-    return P.rms_eps, P.hc_pre_eps, P.hc_sinkhorn_eps, P.hc_post_mult_value, P.sinkhorn_repeat
 
 
 def test_fn_hi_lo_split_keeps_the_projection_within_tolerance():
@@ -160,7 +154,7 @@ def test_fn_hi_lo_split_keeps_the_projection_within_tolerance():
 @pytest.mark.parametrize("hidden", [HIDDEN, *OTHER_HIDDEN])
 @pytest.mark.parametrize("sms", SM_COUNTS)
 def test_split_is_aligned_and_fills_the_gpu(hidden, sms):
-    for t in [*range(1, 70), 127, 128, 1023, 1024, 1536, 4096]:
+    for t in SELECTOR_TOKENS:
         cfg = splits.partials_config(t, hidden, sms)
         per_split = hidden // cfg.n_splits
         assert hidden % cfg.n_splits == 0 and per_split % cfg.columns_per_iteration() == 0, (t, cfg)
@@ -170,7 +164,7 @@ def test_split_is_aligned_and_fills_the_gpu(hidden, sms):
 
 def test_tensor_core_split_is_aligned():
     for hidden in (HIDDEN, *OTHER_HIDDEN):
-        for t in (splits.TC_MIN_TOKENS, 1000, 1536, 8192):
+        for t in TC_TOKENS:
             cfg = splits.partials_config(t, hidden, 108, tensor_cores=True)
             assert cfg.tc and (hidden // cfg.n_splits) % splits.TC_COLUMNS == 0, (hidden, t, cfg)
     assert not splits.partials_config(splits.TC_MIN_TOKENS - 1, HIDDEN, 108, tensor_cores=True).tc
@@ -222,116 +216,58 @@ def test_compiles_for_sm80_within_budget(which):
 
 
 # ------------------------------------------------------------------------- GPU: kernels vs spec and upstream
-GPU_TOKENS = [1, 5, 16, 33, 128, 1536]  # 128 and 1536: the tensor-core partials (fused variants)
-WHY = "split-h partial sums in another order; rsqrtf/expf vs torch's; 20 Sinkhorn divisions"
-
-
-def _bf16_close(name, out, want, frac=2e-3):
-    """bf16 outputs: equal bytes but for one-ulp roundings where the fp32 inputs differed in the last bits.
-
-    One ulp is counted on the bf16 bit patterns (the neighbouring value), not as a relative bound: the
-    earlier `2**17·eps_fp32·|ref|` was 2^-6 relative, two to four bf16 ulps, under a "one ulp" label.
-    """
-    assert_within_ulps(name, out, want, ulps=1, abs=1e-6, why="one bf16 ulp: last-bit rounding flips")
-    differ = (out != want).float().mean().item()
-    assert differ < frac, f"{name}: {differ:.2%} of bf16 values differ"
-
-
 @requires_cuda
 @pytest.mark.parametrize("num_tokens", GPU_TOKENS)
-@pytest.mark.parametrize("variant", ["fused", "fused-aux", "first", "pre", "no-norm"])
+@pytest.mark.parametrize("variant", VARIANTS)
 def test_kernels_match_spec(num_tokens, variant):
     from deepinfer_sm80.ops.mhc import boundary as bd
 
     name = f"gpu-{variant}-T{num_tokens}"
     inp = boundary_inputs(name, num_tokens, HIDDEN).to("cuda")
     fused = variant.startswith("fused") or variant == "no-norm"
-    want = _run(
+    want = spec(
         inp, fused=fused, first=variant == "first", norm=variant != "no-norm", aux=variant == "fused-aux"
     )
-    nw = inp.norm_weight if variant != "no-norm" else None
     if fused:
         res, post, comb, li, pre, aux = bd.mhc_fused_post_pre_delayed_tilelang(
-            inp.x,
-            inp.residual,
-            inp.post.unsqueeze(-1),
-            inp.comb,
-            inp.fn,
-            inp.hc_scale,
-            inp.hc_base,
-            *_scalars(),
-            pre_mix=inp.pre_mix,
-            norm_weight=nw,
-            norm_eps=P.norm_eps,
-            capture_aux=variant == "fused-aux",
+            *fused_args(inp), **fused_kw(inp, norm=variant != "no-norm"), capture_aux=variant == "fused-aux"
         )
         # nvcc contracts post*x + comb*R into FMAs, torch rounds each product: 1-ulp bf16 flips
-        _bf16_close(f"R' {seed_note(name)}", res, want.residual)
+        bf16_close(f"R' {seed_note(name)}", res, want.residual)
         if variant == "fused-aux":
-            _bf16_close("aux", aux, want.aux)
+            bf16_close("aux", aux, want.aux)
     else:
-        first = variant == "first"
-        residual = inp.x.unsqueeze(1).expand(-1, 4, -1).contiguous() if first else inp.residual
-        post, comb, li, pre = bd.mhc_pre_delayed_tilelang(
-            residual,
-            inp.fn_broadcast if first else inp.fn,
-            inp.hc_scale,
-            inp.hc_base,
-            *_scalars(),
-            pre_mix=None if first else inp.pre_mix,
-            x=inp.x if first else None,
-            norm_weight=nw,
-            norm_eps=P.norm_eps,
-        )
+        args, kw = pre_call(inp, first=variant == "first")
+        post, comb, li, pre = bd.mhc_pre_delayed_tilelang(*args, **kw)
     assert_close("post", post.squeeze(-1), want.post, **TOL, why=WHY)
     assert_close("comb", comb, want.comb, **TOL, why=WHY)
     assert_close("pre_mix", pre, want.pre_mix, **TOL, why=WHY)
-    _bf16_close(f"layer_input {seed_note(name)}", li, want.layer_input)
-
-
-SMALL_T_CONFIGS = [  # the single-warp config of the first H200 run and the grouped ones the selector uses now
-    splits.PartialsConfig(1, 32, 40, 4),
-    splits.PartialsConfig(1, 128, 40, 4, n_groups=4),
-    splits.PartialsConfig(2, 128, 20, 4, n_groups=4),
-    splits.PartialsConfig(4, 128, 20, 2, n_groups=2),
-]
+    bf16_close(f"layer_input {seed_note(name)}", li, want.layer_input)
 
 
 @requires_cuda
-@pytest.mark.parametrize("num_tokens", [1, 7])
+@pytest.mark.parametrize("num_tokens", SMALL_T_TOKENS)
 @pytest.mark.parametrize("cfg", SMALL_T_CONFIGS, ids=str)
 def test_fused_small_t_configs(num_tokens, cfg):
     from deepinfer_sm80.ops.mhc import boundary as bd
 
     name = f"gpu-cfg-T{num_tokens}"
     inp = boundary_inputs(name, num_tokens, HIDDEN).to("cuda")
-    want = _run(inp, fused=True, aux=True)
+    want = spec(inp, fused=True, aux=True)
     res, post, comb, li, pre, aux = bd.fused_post_pre_with_config(
-        cfg,
-        inp.x,
-        inp.residual,
-        inp.post.unsqueeze(-1),
-        inp.comb,
-        inp.fn,
-        inp.hc_scale,
-        inp.hc_base,
-        *_scalars(),
-        pre_mix=inp.pre_mix,
-        norm_weight=inp.norm_weight,
-        norm_eps=P.norm_eps,
-        capture_aux=True,
+        cfg, *fused_args(inp), **fused_kw(inp), capture_aux=True
     )
-    _bf16_close(f"R' {seed_note(name)}", res, want.residual)
-    _bf16_close("aux", aux, want.aux)
+    bf16_close(f"R' {seed_note(name)}", res, want.residual)
+    bf16_close("aux", aux, want.aux)
     assert_close("post", post.squeeze(-1), want.post, **TOL, why=WHY)
     assert_close("comb", comb, want.comb, **TOL, why=WHY)
     assert_close("pre_mix", pre, want.pre_mix, **TOL, why=WHY)
-    _bf16_close(f"layer_input {seed_note(name)}", li, want.layer_input)
+    bf16_close(f"layer_input {seed_note(name)}", li, want.layer_input)
 
 
 @requires_cuda
 @pytest.mark.parametrize("tc", [False, True])
-@pytest.mark.parametrize("num_tokens", [130, 1536])
+@pytest.mark.parametrize("num_tokens", PATH_TOKENS)
 def test_fused_both_paths_at_many_tokens(num_tokens, tc):
     """The selector picks tensor cores here; the CUDA-core partials must agree at the same T."""
     from deepinfer_sm80.ops.mhc import boundary as bd
@@ -341,38 +277,25 @@ def test_fused_both_paths_at_many_tokens(num_tokens, tc):
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     cfg = splits.partials_config(num_tokens, HIDDEN, sms, tensor_cores=tc)
     assert cfg.tc == tc
-    want = _run(inp, fused=True)
-    res, post, comb, li, pre, _ = bd.fused_post_pre_with_config(
-        cfg,
-        inp.x,
-        inp.residual,
-        inp.post.unsqueeze(-1),
-        inp.comb,
-        inp.fn,
-        inp.hc_scale,
-        inp.hc_base,
-        *_scalars(),
-        pre_mix=inp.pre_mix,
-        norm_weight=inp.norm_weight,
-        norm_eps=P.norm_eps,
-    )
-    _bf16_close(f"R' {seed_note(name)}", res, want.residual)
+    want = spec(inp, fused=True)
+    res, post, comb, li, pre, _ = bd.fused_post_pre_with_config(cfg, *fused_args(inp), **fused_kw(inp))
+    bf16_close(f"R' {seed_note(name)}", res, want.residual)
     # tensor cores: fn as bf16 hi + lo carries it to ~2^-16 relative, products exact, fp32 accumulation
     assert_close("post", post.squeeze(-1), want.post, **TOL, why=WHY + "; fn hi+lo split")
     assert_close("comb", comb, want.comb, **TOL, why=WHY + "; fn hi+lo split")
     assert_close("pre_mix", pre, want.pre_mix, **TOL, why=WHY + "; fn hi+lo split")
-    _bf16_close(f"layer_input {seed_note(name)}", li, want.layer_input)
+    bf16_close(f"layer_input {seed_note(name)}", li, want.layer_input)
 
 
 @requires_cuda
-@pytest.mark.parametrize("num_tokens", [1, 33, 1536])
+@pytest.mark.parametrize("num_tokens", POST_TOKENS)
 def test_post_kernel_matches_spec(num_tokens):
     from deepinfer_sm80.ops.mhc import boundary as bd
 
     inp = boundary_inputs(f"gpu-post-T{num_tokens}", num_tokens, HIDDEN).to("cuda")
-    out = bd.mhc_post_tilelang(inp.x, inp.residual, inp.post.unsqueeze(-1), inp.comb)
+    out = bd.mhc_post_tilelang(*post_args(inp))
     # FMA contraction in the kernel vs separately rounded products in torch (H200 run: 4 of 102400 flips)
-    _bf16_close("R'", out, ref.post_map(inp.x, inp.residual, inp.post, inp.comb).to(torch.bfloat16))
+    bf16_close("R'", out, ref.post_map(inp.x, inp.residual, inp.post, inp.comb).to(torch.bfloat16))
 
 
 def _upstream_tilelang():
@@ -387,34 +310,21 @@ def _upstream_tilelang():
 
 
 @requires_cuda
-@pytest.mark.parametrize("num_tokens", [1, 6, 12, 16, 32, 33, 64, 1536])
+@pytest.mark.parametrize("num_tokens", UPSTREAM_TOKENS)
 def test_fused_matches_upstream_kernels(num_tokens):
     up = _upstream_tilelang()
     from deepinfer_sm80.ops.mhc import boundary as bd
 
     name = f"gpu-upstream-T{num_tokens}"
     inp = boundary_inputs(name, num_tokens, HIDDEN).to("cuda")
-    args = (
-        inp.x,
-        inp.residual,
-        inp.post.unsqueeze(-1),
-        inp.comb,
-        inp.fn,
-        inp.hc_scale,
-        inp.hc_base,
-        *_scalars(),
-    )
-    kw = dict(pre_mix=inp.pre_mix, norm_weight=inp.norm_weight, norm_eps=P.norm_eps)
+    args, kw = fused_args(inp), fused_kw(inp)
     theirs = up.mhc_fused_post_pre_delayed_tilelang(*args, **kw)
     mine = bd.mhc_fused_post_pre_delayed_tilelang(*args, **kw)
     # R' is the same formula and order in both: bytes equal
     assert_bitwise_equal("R'", mine[0], theirs[0])
-    # upstream's fused path (T <= 32) projects fp32 R', ours the stored bf16 R' (as its T > 32 path)
-    tol = dict(abs=5e-5, rel_in_eps=2**12)
-    why = "fp32 vs bf16 R' in the projection at T <= 32; split order; approximate rsqrt/exp"
     for i, field in ((1, "post"), (2, "comb"), (4, "pre_mix")):
-        assert_close(field, mine[i], theirs[i], **tol, why=why)
-    _bf16_close("layer_input", mine[3], theirs[3], frac=5e-3)
+        assert_close(field, mine[i], theirs[i], **UPSTREAM_TOL, why=UPSTREAM_WHY)
+    bf16_close("layer_input", mine[3], theirs[3], frac=5e-3)
 
 
 @requires_cuda
@@ -422,14 +332,12 @@ def test_first_layer_matches_upstream_kernels():
     up = _upstream_tilelang()
     from deepinfer_sm80.ops.mhc import boundary as bd
 
-    inp = boundary_inputs("gpu-upstream-first", 8, HIDDEN).to("cuda")
-    residual = inp.x.unsqueeze(1).expand(-1, 4, -1).contiguous()
-    args = (residual, inp.fn_broadcast, inp.hc_scale, inp.hc_base, *_scalars())
-    kw = dict(x=inp.x, norm_weight=inp.norm_weight, norm_eps=P.norm_eps)
+    inp = boundary_inputs("gpu-upstream-first", UPSTREAM_FIRST_TOKENS, HIDDEN).to("cuda")
+    args, kw = pre_call(inp, first=True)
     theirs, mine = up.mhc_pre_delayed_tilelang(*args, **kw), bd.mhc_pre_delayed_tilelang(*args, **kw)
     for i, field in ((0, "post"), (1, "comb"), (3, "pre_mix")):
         assert_close(field, mine[i], theirs[i], **TOL, why=WHY)
-    _bf16_close("layer_input", mine[2], theirs[2])
+    bf16_close("layer_input", mine[2], theirs[2])
 
 
 @requires_cuda
@@ -437,6 +345,6 @@ def test_post_matches_upstream_kernel():
     up = _upstream_tilelang()
     from deepinfer_sm80.ops.mhc import boundary as bd
 
-    inp = boundary_inputs("gpu-upstream-post", 40, HIDDEN).to("cuda")
-    args = (inp.x, inp.residual, inp.post.unsqueeze(-1), inp.comb)
+    inp = boundary_inputs("gpu-upstream-post", UPSTREAM_POST_TOKENS, HIDDEN).to("cuda")
+    args = post_args(inp)
     assert_bitwise_equal("R'", bd.mhc_post_tilelang(*args), up.mhc_post_tilelang(*args))
