@@ -26,7 +26,7 @@ from deepinfer_sm80.testing.bench import (
     summarize,
     time_graph,
 )
-from deepinfer_sm80.testing.cases.sparse_mla import decode_sets, prefill_inputs
+from deepinfer_sm80.testing.cases.sparse_mla import decode_args, decode_sets, prefill_inputs
 from deepinfer_sm80.testing.compare import BF16_EPS, MismatchError, assert_close
 from deepinfer_sm80.testing.inputs import generator
 from deepinfer_sm80.testing.shapes import V41
@@ -78,27 +78,7 @@ def _decode_shape(up, tq: int, heads: int, ctx: int, ceilings: Ceilings, rows: l
 
     def runner(impl: str):
         def run(i: int) -> None:
-            s = sets[i]
-            args = (
-                s.q,
-                s.kv_cache,
-                s.swa_cache,
-                False,
-                None,
-                None,
-                s.swa_dense,
-                s.swa_lens,
-                s.swa_ragged,
-                s.swa_indptr,
-                s.topk_ragged,
-                s.topk_indptr,
-                s.sink,
-                V41.scale,
-                512,
-                448,
-                64,
-                outs[impl][i],
-            )
+            args = decode_args(sets[i], outs[impl][i])  # upstream's signature, ragged lists
             (up.rocm_sparse_attn_decode if impl == "upstream" else fns[impl])(*args)
 
         return run

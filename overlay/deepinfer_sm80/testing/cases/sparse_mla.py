@@ -1,23 +1,38 @@
 """Sparse MLA cases: decode and prefill input builders (caches, slot lists, Q, sink, RoPE) for the tests and
-the bench, and the entry-point A/B shapes.
+the bench, the named interpreter cases tests/ops/test_sparse_mla.py runs base and optimized over, the decode
+argument list (upstream's `rocm_sparse_attn_decode` signature, so ours and theirs take the same call), the
+fp32 reference call, and the entry-point A/B shapes.
 
-Every draw comes from the caller's generator (`testing.inputs.generator(name)` in tests).
+Every draw comes from the caller's generator (`testing.inputs.generator(name)` for the named cases).
+
+Equality contracts: |out - ref| <= eps_bf16·max|K| + 2·eps_bf16·|ref| (decode: max|K| = VMAX; prefill:
+PREFILL_VMAX). The kernels round the softmax weights to bf16 before the PV product (<= eps·Σp|v|),
+accumulate in another order and round the output once more; the interpreter's fp32->bf16 cast truncates,
+so its roundings reach a full eps. Split-1 direct vs reduce and CUDA-graph replay vs eager: bitwise.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
 from deepinfer_sm80.formats.fp8_ds_mla import N_GROUPS, token_views
 from deepinfer_sm80.testing.cases.entry_point import Shape
-from deepinfer_sm80.testing.inputs import page_pool
+from deepinfer_sm80.testing.inputs import generator, page_pool
+from deepinfer_sm80.testing.shapes import V41
 
 HEAD_DIM = 512
 ROPE_DIM = 64
+DIMS = (HEAD_DIM, 448, ROPE_DIM)  # head_dim, nope_dim, rope_dim: upstream's decode and prefill arguments
+SCALE = V41.scale
+BS = V41.swa_block_size
+VMAX = 448.0  # largest |K| with scale bytes <= 127 (e4m3 max); RoPE values are N(0, 1)
+DECODE_WHY = "bf16 softmax weights, accumulation order, bf16 output"
+PREFILL_VMAX = 5.0
+PREFILL_WHY = "bf16 softmax weights, accumulation order; |kv| <= ~5 (N(0,1) bf16)"
 
 
 @dataclass
@@ -189,6 +204,148 @@ def decode_sets(
     return sets
 
 
+# ----------------------------------------------------------------------------- the interpreter cases
+@dataclass(frozen=True)
+class Case:
+    name: str  # the seed
+    swa_lens: tuple[int, ...]
+    topk_lens: tuple[int, ...]
+    heads: int = 16
+    swa_only: bool = False
+    ragged: bool = True
+    invalid_frac: float = 0.0
+    sink: str = "random"  # random | none | mixed (-inf and dominant heads)
+    inv_rope: bool = True
+    splits: int | None = None
+
+
+DECODE_CASES = [
+    Case("mixed-lengths", (128, 37, 0), (512, 100, 33)),
+    Case("dense-with-invalid", (90, 128), (300, 77), ragged=False, invalid_frac=0.2),
+    Case("single-query-tp8", (5,), (61,), heads=V41.per_rank(8).heads),
+    Case("tp2-two-head-blocks", (40,), (70,), heads=V41.per_rank(2).heads, inv_rope=False),
+    Case("tp1-64-heads", (3,), (20,), heads=V41.per_rank(1).heads),
+    Case("window-only", (128, 3), (0, 0), swa_only=True),
+    Case("zero-valid-topk", (20, 1), (0, 0), ragged=False, invalid_frac=1.0, sink="none"),
+    Case("sink-mixed", (33, 64), (129, 31), sink="mixed"),
+    Case("dspark-1+5-rows", (100, 101, 102, 103, 104, 105), (200, 201, 202, 203, 204, 205), heads=5),
+    Case("splits-3", (128, 50), (400, 20), splits=3),
+    Case("no-sink-no-rope", (7,), (9,), sink="none", inv_rope=False),
+]
+SPLIT1_CASE = Case("split1-direct-vs-reduce", (128, 17), (512, 45), sink="mixed")
+RECORD_EDGES_CASE = Case("record-edges", (60, 60, 60), (100, 100, 100), ragged=False, invalid_frac=0.3)
+GRAPH_CASE = Case("graph-capture", (128, 128, 64, 128), (512, 300, 512, 0), heads=16)
+UPSTREAM_CASE = Case("vs-upstream", (128, 100, 128), (512, 512, 7), heads=16, inv_rope=False, sink="mixed")
+
+# the opt-in decode variants (ops/sparse_mla/decode.py VARIANTS) on the cases with the most edges: mixed/zero
+# lengths, dense rows with invalid slots, TP8 heads, SWA only, no valid slot, -inf/dominant sinks
+_VARIANT_EDGES = ("mixed-lengths", "dense-with-invalid", "window-only", "zero-valid-topk", "sink-mixed")
+VARIANT_CASES = [c for c in DECODE_CASES if c.name in (*_VARIANT_EDGES, "single-query-tp8")]
+VARIANT_SPLITS = (1, 3)
+# the prefetch changes only when the loads issue: under the interpreter it is bitwise its twin without
+# it; on a GPU the compiler may order the products differently (H200: 1 bf16 ulp in a few elements), so
+# there the twins are held to the reference tolerance. Other tiles reorder the online softmax.
+PREFETCH_TWIN = {"prefetch-w8": "w8", "prefetch-r32-w8": "r32-w8"}
+
+PREFILL_CASES = [  # (name, lens, heads, invalid share, output width)
+    ("prefill-mixed", (640, 37, 0, 129), 16, 0.1, 512),
+    ("prefill-tp1-64-heads", (200, 31), V41.per_rank(1).heads, 0.0, 448),
+    ("prefill-tp8-8-heads", (50,), V41.per_rank(8).heads, 0.5, 512),
+]
+PREFILL_KV = 700  # workspace rows
+PREFILL_WIDTH = 640  # index columns (topk 512 + window 128)
+
+
+def to_device(inp: Any, device: str) -> Any:
+    """Drawn on the CPU (one stream of draws per seed), run where the kernels run."""
+    return replace(inp, **{k: v.to(device) for k, v in vars(inp).items()})
+
+
+def build(case: Case, device: str) -> DecodeInputs:
+    """The case's decode inputs on `device`; sink "mixed": every third head -inf, the next dominant."""
+    inp = decode_inputs(
+        list(case.swa_lens),
+        list(case.topk_lens),
+        case.heads,
+        generator(case.name),
+        invalid_frac=case.invalid_frac,
+    )
+    if case.sink == "mixed":
+        inp.sink[0::3] = float("-inf")
+        inp.sink[1::3] = 30.0  # dominant: the rows' weights all but vanish
+    return to_device(inp, device)
+
+
+def build_prefill(name: str, lens: tuple[int, ...], heads: int, invalid: float, device: str) -> PrefillInputs:
+    """A prefill case's inputs on `device`, every fourth head's sink -inf."""
+    inp = prefill_inputs(
+        list(lens), heads, PREFILL_KV, generator(name), width=PREFILL_WIDTH, invalid_frac=invalid
+    )
+    inp.sink[0::4] = float("-inf")
+    return to_device(inp, device)
+
+
+def decode_args(
+    inp: DecodeInputs,
+    out: torch.Tensor | None,
+    *,
+    swa_only: bool = False,
+    dense_topk: bool = False,
+    ragged: bool = True,
+    sink: bool = True,
+    dims: tuple[int, int, int] = DIMS,
+    kv_cache: torch.Tensor | None = None,
+) -> tuple[Any, ...]:
+    """The positional arguments of upstream's `rocm_sparse_attn_decode` (and ours): the SWA rows always
+    dense, the top-k ones dense (`dense_topk`) and/or ragged, the sink or None."""
+    topk_dense = (inp.topk_dense, inp.topk_lens) if dense_topk else (None, None)
+    lists = (inp.swa_ragged, inp.swa_indptr, inp.topk_ragged, inp.topk_indptr) if ragged else (None,) * 4
+    cache = inp.kv_cache if kv_cache is None else kv_cache
+    return (inp.q, cache, inp.swa_cache, swa_only, *topk_dense, inp.swa_dense, inp.swa_lens, *lists,
+            inp.sink if sink else None, SCALE, *dims, out)  # fmt: skip
+
+
+def case_args(case: Case, inp: DecodeInputs, out: torch.Tensor) -> tuple[Any, ...]:
+    """decode_args as the case asks (SWA only, dense or ragged top-k, its sink)."""
+    return decode_args(
+        inp,
+        out,
+        swa_only=case.swa_only,
+        dense_topk=not case.ragged,
+        ragged=case.ragged,
+        sink=case.sink != "none",
+    )
+
+
+def reference(case: Case, inp: DecodeInputs) -> torch.Tensor:
+    """The fp32 decode reference (ops/sparse_mla/reference.py) on the case's dense slot lists."""
+    from deepinfer_sm80.ops.sparse_mla.reference import decode_ref, slot_lists
+
+    tq = inp.q.shape[0]
+    swa = slot_lists(tq, inp.swa_dense, inp.swa_lens, None, None, inp.swa_cache.shape[0] * BS)
+    topk = (
+        None
+        if case.swa_only
+        else slot_lists(tq, inp.topk_dense, inp.topk_lens, None, None, inp.kv_cache.shape[0] * BS)
+    )
+    pos, cs = (inp.positions, inp.cos_sin) if case.inv_rope else (None, None)
+    sink = None if case.sink == "none" else inp.sink
+    return decode_ref(
+        inp.q, inp.swa_cache, swa, None if case.swa_only else inp.kv_cache, topk, sink, SCALE, pos, cs
+    )
+
+
+def poisoned(q: torch.Tensor) -> torch.Tensor:
+    return torch.full(q.shape, float("nan"), dtype=torch.bfloat16, device=q.device)
+
+
+def check(name: str, out: torch.Tensor, ref: torch.Tensor) -> None:
+    """The decode contract (module docstring) on the CPU."""
+    from deepinfer_sm80.testing.compare import BF16_EPS, assert_close
+
+    assert_close(name, out.cpu(), ref, abs=BF16_EPS * VMAX, rel_in_eps=2.0, why=DECODE_WHY)
+
+
 # ----------------------------------------------------------------------------- entry-point A/B (GPU)
 def _sparse_close(tol: float) -> Callable[[Any, Any], str]:
     def check(a: Any, b: Any) -> str:
@@ -205,7 +362,6 @@ def decode_entry_point_shapes(quick: bool) -> Iterator[Shape]:
     from deepinfer_sm80.formats.fp8_ds_mla import RECORD_BYTES
     from deepinfer_sm80.testing.bench import input_sets_needed
     from deepinfer_sm80.testing.inputs import generator
-    from deepinfer_sm80.testing.shapes import V41
 
     for tq, heads, ctx in (
         ((16, 64, 16_384),) if quick else ((1, 64, 16_384), (16, 64, 16_384), (64, 8, 65_536))
@@ -230,9 +386,7 @@ def decode_entry_point_shapes(quick: bool) -> Iterator[Shape]:
                 if (id(fn), i) not in outs:
                     outs[(id(fn), i)] = torch.empty_like(s.q)
                 out = outs[(id(fn), i)]
-                fn(s.q, s.kv_cache, s.swa_cache, False, None, None, s.swa_dense, s.swa_lens, s.swa_ragged,
-                   s.swa_indptr, s.topk_ragged, s.topk_indptr, s.sink, V41.scale, 512, 448, 64,
-                   out)  # fmt: skip
+                fn(*decode_args(s, out))
                 return out
 
             return run
