@@ -21,8 +21,10 @@ from deepinfer_sm80.ops import kv_quant_insert as kvi
 from deepinfer_sm80.testing.bench import (
     Ceilings,
     Row,
+    Target,
     Timing,
     _copy_kernel,
+    at_least,
     format_line,
     input_sets_needed,
     summarize,
@@ -324,3 +326,26 @@ def _summary(result: dict[str, object]) -> None:
                 f"upstream {r['upstream']['us']:9.1f}  x{r['speedup_vs_base']} vs base, "
                 f"x{r['speedup_vs_upstream']} vs upstream"
             )
+
+
+def same_size_targets(
+    kind: str, result: dict[str, object], goal: float, sizes: tuple[int, ...] | None
+) -> list[Target]:
+    """The op (`kind`: gather or insert) against an SM copy of its own bytes timed beside it (launch and
+    tail included both sides): what the size allows, where "% of copy" compares with a multi-GB copy's
+    bandwidth. `sizes`: the token counts that carry a goal (None: every timed one)."""
+    out = []
+    timed = result.get(kind, [])
+    for shape in timed if isinstance(timed, list) else []:
+        tokens = int(shape["tokens"])
+        if "pct_of_same_size_copy" in shape and (sizes is None or tokens in sizes):
+            out.append(
+                at_least(
+                    f"{kind} T={tokens} time of a same-size copy / ours (%)",
+                    float(shape["pct_of_same_size_copy"]),
+                    goal,
+                    "% of same-size copy",
+                    cause="the decode/encode arithmetic and the slot -> page chain on top of the copy",
+                )
+            )
+    return out

@@ -31,29 +31,9 @@ def targets(rows: list[dict[str, object]]) -> list[Target]:
     return out
 
 
-def same_size_targets(result: dict[str, object], sizes: tuple[int, ...] | None) -> list[Target]:
-    """The op against an SM copy of its own bytes timed beside it (launch and tail included both sides):
-    what the size allows, where "% of copy" compares with a multi-GB copy's bandwidth."""
-    out = []
-    timed = result.get("gather", [])
-    for shape in timed if isinstance(timed, list) else []:
-        tokens = int(shape["tokens"])
-        if "pct_of_same_size_copy" in shape and (sizes is None or tokens in sizes):
-            out.append(
-                at_least(
-                    f"gather T={tokens} time of a same-size copy / ours (%)",
-                    float(shape["pct_of_same_size_copy"]),
-                    PCT_OF_COPY_GOAL,
-                    "% of same-size copy",
-                    cause="the decode/encode arithmetic and the slot -> page chain on top of the copy",
-                )
-            )
-    return out
-
-
 def main(out_dir: Path, ceilings: Ceilings) -> dict[str, object]:
     result = _kv_cache.run("gather", ceilings)
     rows = [r.as_dict() for r in _kv_cache.rows("gather", result, f"bs{_kv_cache.GATHER_BLOCK_SIZE}")]
     sizes = tuple(int(r["size"]) for r in rows if int(r["size"]) >= GOAL_FROM_TOKENS)  # type: ignore[call-overload]
-    found = targets(rows) + same_size_targets(result, sizes)
+    found = targets(rows) + _kv_cache.same_size_targets("gather", result, PCT_OF_COPY_GOAL, sizes)
     return {"rows": rows, "targets": [t.as_dict() for t in found], **result}

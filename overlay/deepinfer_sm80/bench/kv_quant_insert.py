@@ -30,28 +30,8 @@ def targets(rows: list[dict[str, object]]) -> list[Target]:
     ]
 
 
-def same_size_targets(result: dict[str, object], sizes: tuple[int, ...] | None) -> list[Target]:
-    """The op against an SM copy of its own bytes timed beside it (launch and tail included both sides):
-    what the size allows, where "% of copy" compares with a multi-GB copy's bandwidth."""
-    out = []
-    timed = result.get("insert", [])
-    for shape in timed if isinstance(timed, list) else []:
-        tokens = int(shape["tokens"])
-        if "pct_of_same_size_copy" in shape and (sizes is None or tokens in sizes):
-            out.append(
-                at_least(
-                    f"insert T={tokens} time of a same-size copy / ours (%)",
-                    float(shape["pct_of_same_size_copy"]),
-                    PCT_OF_COPY_GOAL,
-                    "% of same-size copy",
-                    cause="the decode/encode arithmetic and the slot -> page chain on top of the copy",
-                )
-            )
-    return out
-
-
 def main(out_dir: Path, ceilings: Ceilings) -> dict[str, object]:
     result = _kv_cache.run("insert", ceilings)
     rows = [r.as_dict() for r in _kv_cache.rows("insert", result, f"bs{_kv_cache.INSERT_BLOCK_SIZE}")]
-    found = targets(rows) + same_size_targets(result, PREFILL_TOKENS)
+    found = targets(rows) + _kv_cache.same_size_targets("insert", result, PCT_OF_COPY_GOAL, PREFILL_TOKENS)
     return {"rows": rows, "targets": [t.as_dict() for t in found], **result}
