@@ -73,3 +73,15 @@ def test_bad_input_is_one_line_and_exit_2(
     err = capsys.readouterr().err.strip()
     assert msg in err and err.count("\n") == 0
     assert not out.exists()
+
+
+def test_render_prints_every_prompt_and_comparison(tmp_path: Path) -> None:
+    per = _per_prompt("render", 1.0, prompts=3, n=10, vocab=32)
+    per["short_12"] = per["extra_0"] | {"tokens": 12}
+    report = logit_rows.build_report(per)
+    text = logit_rows.render(report)
+    assert "| short_12 (12) |" in text and "| 3 independent prompts" in text
+    assert all(f"| {c} |" in text for c in logit_rows.COMPARISONS)
+    bad = tmp_path / "other.json"
+    bad.write_text("{}")
+    assert logit_rows.main(["--render", str(bad)]) == 2

@@ -215,6 +215,50 @@ def build_report(per_prompt: dict[str, Any]) -> dict[str, Any]:
     return {"per_prompt": per_prompt, "independent": independent, "targets": targets}
 
 
+def _pm(s: dict[str, Any], digits: int = 3) -> str:
+    z = f" (z {s['z']:+.1f})" if s.get("z") is not None else ""
+    return f"{s['mean']:+.{digits}f} ± {s['se']:.{digits}f}{z}"
+
+
+def render(report: dict[str, Any]) -> str:
+    """The two markdown tables of docs/E2E_CPU.md's section on the shift, from a results JSON."""
+    from deepinfer_sm80.testing.e2e.runner import NLL_SHIFT_Z
+
+    lines = [
+        "| prompt (tokens) | observed shift | predicted (curvature) | first order | residual z | logit scale"
+        " | oracle order / fp32 / length: observed |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, e in report["per_prompt"].items():
+        if name.startswith("extra_"):
+            continue
+        g = e["engine"]
+        modes = " / ".join(f"{e[c]['observed']['mean']:+.3f}" for c in COMPARISONS[1:])
+        lines.append(
+            f"| {name} ({e['tokens']}) | {_pm(g['observed'])} | {g['curvature']['mean']:+.3f} "
+            f"| {g['first_order']['mean']:+.3f} | {g['residual']['z']:+.1f} "
+            f"| {g['scale']['mean_scale']:.4f} ± {g['scale']['se']:.4f} | {modes} |"
+        )
+    ind = report.get("independent") or {}
+    if ind:
+        n = ind["engine"]["prompts"]
+        lines += [
+            "",
+            f"| {n} independent prompts, vs the oracle | mean shift ± SE over prompts | predicted | residual"
+            f" | prompts > 0 | prompts with per-position abs z > {NLL_SHIFT_Z:g} | SD of per-prompt z"
+            " | logit scale - 1 |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for c in COMPARISONS:
+            a = ind[c]
+            lines.append(
+                f"| {c} | {_pm(a['observed'])} | {a['curvature']['mean']:+.3f} | {_pm(a['residual'])} "
+                f"| {a['prompts_positive']} of {n} | {a['prompts_abs_z_above_gate']} of {n} "
+                f"| {a['residual_z_sd']:.2f} | {_pm(a['scale'], 4)} |"
+            )
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     ap = argparse.ArgumentParser(
@@ -233,7 +277,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     ap.add_argument("--engine-timeout", type=float, default=3600.0)
+    ap.add_argument("--render", type=Path, default=None, help="print a results JSON's tables and stop")
     args = ap.parse_args(argv)
+    if args.render is not None:
+        try:
+            print(render(json.loads(args.render.read_text())))
+        except (OSError, ValueError, KeyError) as err:
+            print(
+                f"logit_rows: --render {args.render}: not a logit_rows result ({type(err).__name__}: {err})",
+                file=sys.stderr,
+            )
+            return 2
+        return 0
     try:
         level = canonical_level(args.level)
         lengths = [int(x) for x in args.lengths.split(",") if x]
