@@ -1,15 +1,18 @@
 """Why the engine's mean prompt NLL sits above the oracle's: full logit rows, engine vs oracle.
 
     python -m deepinfer_sm80.testing.e2e.logit_rows [--model DIR] [--level base] [--lengths 12,48,130]
-                                                    [--work .cache/e2e] [--rows FILE.pt] [--out FILE]
+                                                    [--extra 16] [--work .cache/e2e] [--rows FILE.pt]
+                                                    [--out FILE | --evidence] [--render JSON]
 
 One offline engine (`rows_worker.py`, in `server_env(level)`'s environment, with the main E2E engine's
 settings) returns the raw logit row of every prompt position of the E2E prompts (`runner._prompt`:
-"short" for 12 tokens, "long" otherwise, as `make e2e-cpu` builds them). The oracle computes the same
-rows, plus its own two noise modes (GEMM order, fp32 activations). `nll_shift.decompose` splits each
+"short" for 12 tokens, "long" otherwise, as `make e2e-cpu` builds them) and of `--extra` independent
+prompts. The oracle computes the same rows, in its two noise modes (GEMM order, fp32 activations) and
+inside a forward 4 tokens longer (its "length" mode). `nll_shift.decompose` splits each
 position's NLL shift into the curvature term that any noise independent of the row predicts, the
 first-order term a scale or a correlated error would move, and the label lottery; this writes
-results/e2e-nll-shift.json (provenance + `targets`). `--rows` reuses an earlier engine dump.
+WORK/e2e-nll-shift.json, or with --evidence results/e2e-nll-shift.json (provenance + `targets`);
+`--rows` reuses an earlier engine dump, `--render` prints a result's tables (docs/E2E_CPU.md).
 Exit 0 when every target is met, 1 when one is not, 2 on bad input.
 """
 
@@ -28,7 +31,8 @@ from deepinfer_sm80.testing.e2e import DEFAULT_WORK, CheckpointError, TreeError,
 from deepinfer_sm80.testing.e2e.models import SELECTING, fingerprint, snapshot, variant
 from deepinfer_sm80.testing.e2e.tree import ROOT, canonical_level
 
-DEFAULT_OUT = ROOT / "results" / "e2e-nll-shift.json"
+DEFAULT_OUT = DEFAULT_WORK / "e2e-nll-shift.json"
+EVIDENCE_OUT = ROOT / "results" / "e2e-nll-shift.json"
 # The E2E prompts draw their ids uniformly from [2, 1000) (runner._prompt): the label lottery is
 # averaged over that support, not over the whole vocabulary.
 LABEL_SUPPORT = (2, 1000)
@@ -276,6 +280,7 @@ def main(argv: list[str] | None = None) -> int:
         "--rows", type=Path, default=None, help="an earlier rows.pt instead of running the engine"
     )
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    ap.add_argument("--evidence", action="store_true", help=f"write {EVIDENCE_OUT.relative_to(ROOT)}")
     ap.add_argument("--engine-timeout", type=float, default=3600.0)
     ap.add_argument("--render", type=Path, default=None, help="print a results JSON's tables and stop")
     args = ap.parse_args(argv)
@@ -313,6 +318,8 @@ def main(argv: list[str] | None = None) -> int:
     from deepinfer_sm80.testing.e2e.runner import CachedOracle, _provenance
     from deepinfer_sm80.testing.oracle import V41Oracle
 
+    if args.evidence:
+        args.out = EVIDENCE_OUT
     work = args.work.resolve()
     ckpt = snapshot(args.model.resolve(), work)
     model = variant(ckpt, work, SELECTING)
