@@ -54,6 +54,12 @@ E2E_ARGS ?=
 e2e-cpu: setup fetch-vllm tiny-model
 	$(PY) -m deepinfer_sm80.testing.e2e $(if $(EVIDENCE),--plan full --evidence) $(E2E_ARGS)
 
+# the engine's full prompt logit rows against the oracle's: the NLL shift split into curvature, first
+# order and label terms, and the logit scale (~12 min here); EVIDENCE=1 writes results/e2e-nll-shift.json
+.PHONY: e2e-nll-shift
+e2e-nll-shift: setup fetch-vllm tiny-model
+	$(PY) -m deepinfer_sm80.testing.e2e.logit_rows $(if $(EVIDENCE),--evidence)
+
 # patches/ from the binding table and the sha-verified tree; patches-check proves apply/compile/revert
 patches: fetch-vllm
 	$(PY) scripts/make_patches.py

@@ -204,6 +204,19 @@ def test_nll_shift_gate_is_a_failing_target() -> None:
     assert not _target("x", None, NLL_SHIFT_Z, "standard errors", "max", True)["met"]
 
 
+def test_z_spread_is_the_measured_one() -> None:
+    """NLL_Z_SPREAD is the SD of a prompt's own z under noise alone, measured on 16 independent prompts
+    (results/e2e-nll-shift.json): the constant may not drift from the engine's measured value, and the
+    oracle against its own order mode (pure noise) spreads as much."""
+    from deepinfer_sm80.testing.e2e.runner import NLL_Z_SPREAD
+
+    measured = json.loads((ROOT / "results" / "e2e-nll-shift.json").read_text())["independent"]
+    engine, order = measured["engine"]["residual_z_sd"], measured["oracle_order"]["residual_z_sd"]
+    print("z spread: engine", engine, "oracle order mode", order, "constant", NLL_Z_SPREAD)
+    assert abs(NLL_Z_SPREAD - engine) / engine < 0.05
+    assert abs(NLL_Z_SPREAD - order) / order < 0.05
+
+
 def test_a_prefix_case_asks_for_no_prompt_logprobs_and_is_judged_by_greedy_only() -> None:
     """vLLM 0.32.0 skips reading the prefix cache for any request with prompt logprobs
     (SamplingParams: skip_reading_prefix_cache), so the prefix case must not ask for them."""

@@ -290,13 +290,18 @@ def run_engine(level: str, engine: Engine, model: Path, work: Path, timeout: flo
 # - NLL_GROSS_GUARD, 64 eps: below the smallest effect of a removed component on that case (no inverse
 #   RoPE 2.7, no Engram 5.3, no sink 6.9 nats mean), so a lost component still fails;
 # - NLL_SHIFT_Z: a systematic error moves every token's NLL the same way, so its mean grows in standard
-#   errors with the prompt's length while noise does not; |z| > 3 (two-sided p ~ 0.01 at 10 degrees of
-#   freedom, the shortest prompt) is read as a shift, not noise.
+#   errors with the prompt's length while noise does not; |z| > 3 spreads is read as a shift, not noise.
+# - NLL_Z_SPREAD: under noise alone a prompt's z spreads with SD 2.2, not 1, because its positions share
+#   hidden states (16 independent prompts, results/e2e-nll-shift.json: the engine 2.20, the oracle
+#   against its own order mode 2.15; a |z| <= 3 gate fired on 2 and 4 of them). The gate reads z in
+#   units of that spread; the shift itself is noise (its mean over those prompts +0.001 +- 0.095 nats
+#   once the curvature is taken off, no logit scale: docs/E2E_CPU.md).
 NLL_GROSS_GUARD = 64 * 2.0**-7  # 0.5 nats
 NLL_SHIFT_Z = 3.0
+NLL_Z_SPREAD = 2.2
 OPEN_NLL_GAP = (
-    "engine vs oracle mean prompt NLL above the order-mode tolerance: the engine's per-token spread is"
-    " fp32-mode-sized, the mean within NLL_SHIFT_Z standard errors (noise_sd, nll_shift_z; issue 20)"
+    "engine vs oracle mean prompt NLL above the order-mode tolerance: noise (the peak logit's first-order"
+    " term; results/e2e-nll-shift.json), within NLL_SHIFT_Z noise spreads of z (issue 20)"
 )
 
 
@@ -437,13 +442,13 @@ def oracle_targets(level: str, engine: Engine, out: dict[str, Any], oracle: Any)
             z = result["nll_shift_z"]
             targets.append(
                 _target(
-                    f"{tag}/prompt_nll_shift_abs_z",
-                    None if z is None else abs(z),
+                    f"{tag}/prompt_nll_shift_abs_z_in_spreads",
+                    None if z is None else abs(z) / NLL_Z_SPREAD,
                     NLL_SHIFT_Z,
-                    "standard errors",
+                    f"noise spreads of z (SD {NLL_Z_SPREAD:g})",
                     "max",
                     True,
-                    "the engine's prompt NLL is shifted from the oracle's beyond its per-token noise",
+                    "the engine's prompt NLL is shifted from the oracle's beyond what noise spreads z to",
                 )
             )
             targets.append(
