@@ -37,14 +37,8 @@ from deepinfer_sm80.formats.indexer_k import make_k_cache, state_views
 from deepinfer_sm80.integration import indexer_stream as ist
 from deepinfer_sm80.ops.indexer import select as sel
 from deepinfer_sm80.ops.indexer import stream
+from deepinfer_sm80.testing.gates import cpu_workspace_only
 from deepinfer_sm80.testing.inputs import generator, seed_note
-
-CPU_WORKSPACE = pytest.mark.skipif(
-    torch.cuda.is_available(),
-    reason="the rig sets vLLM's workspace manager up on the CPU (CI has no accelerator); on a GPU its "
-    "tensors reach the Triton kernels on the wrong device (H200, results/gpu/layout-check-aa380db)",
-)
-
 
 MODULE = "vllm.model_executor.layers.sparse_attn_indexer"
 ROW = "indexer_stream"
@@ -342,7 +336,7 @@ def streamed_calls(monkeypatch) -> list[str]:
     return calls
 
 
-@CPU_WORKSPACE
+@cpu_workspace_only
 def test_dense_layer_mixed_batch(sai, standins, streamed_calls) -> None:
     """Layer 2-like (no candidates): flattened decode rows and two ragged prefill chunks, one call."""
     mod, fcs = sai
@@ -359,7 +353,7 @@ def test_dense_layer_mixed_batch(sai, standins, streamed_calls) -> None:
     assert torch.equal(full, lens.clamp(max=K)), "each prefill row holds min(length, 512) columns"
 
 
-@CPU_WORKSPACE
+@cpu_workspace_only
 def test_candidate_source_and_consumer(sai, standins, streamed_calls) -> None:
     """Layer 20 writes its candidate rows, layer 24 reads them: both levels, the same batch and caches."""
     mod, fcs = sai
@@ -386,7 +380,7 @@ def test_candidate_source_and_consumer(sai, standins, streamed_calls) -> None:
         assert all(x // 8 in blocks for x in o_use[i].tolist() if x >= 0), f"row {i} outside its candidates"
 
 
-@CPU_WORKSPACE
+@cpu_workspace_only
 def test_tp_row_sharded_prefill(sai, standins, monkeypatch) -> None:
     """TP > 1 without candidates: each rank streams its own row window of the prefill rows and the
     final indices are exchanged (upstream's PrefillRowShard). Two ranks in turn; the fake exchange

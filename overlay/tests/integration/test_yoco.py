@@ -29,14 +29,8 @@ from deepinfer_sm80.ops.kv_gather import dequantize_and_gather_k_cache as our_ga
 from deepinfer_sm80.ops.topk_swa_combine import combine_topk_swa_indices as our_combine
 from deepinfer_sm80.ops.topk_swa_combine import combine_topk_swa_indices_ref
 from deepinfer_sm80.testing.compare import assert_bitwise_equal
+from deepinfer_sm80.testing.gates import cpu_workspace_only
 from deepinfer_sm80.testing.inputs import block_table, generator, page_pool
-
-CPU_WORKSPACE = pytest.mark.skipif(
-    torch.cuda.is_available(),
-    reason="the rig sets vLLM's workspace manager up on the CPU (CI has no accelerator); on a GPU its "
-    "tensors reach the Triton kernels on the wrong device (H200, results/gpu/layout-check-aa380db)",
-)
-
 
 SWA_BS, C_BLOCK, WINDOW, TOPK, MAX_LEN, MAX_TOKENS = 32, 128, 128, 32, 512, 96
 HEADS = 2
@@ -299,7 +293,7 @@ KEY_LAYERS = [0, 2, 20, 24]
 
 
 # ----------------------------------------------------------------------------- rows
-@CPU_WORKSPACE
+@cpu_workspace_only
 @pytest.mark.parametrize("mode", ["optimized", "disabled", "base"])
 def test_rows_built_once_per_key(harness, monkeypatch, mode: str) -> None:
     sa, rec, _ = harness
@@ -418,7 +412,7 @@ def _kv_rows(rec: Recorder, start: int) -> list[torch.Tensor]:
     return [c["kv"] for c in rec.calls[start:]]
 
 
-@CPU_WORKSPACE
+@cpu_workspace_only
 def test_gather_reused_only_without_other_workspace_users(harness, monkeypatch) -> None:
     sa, rec, manager = harness
     rec.real_gather = True
