@@ -53,25 +53,16 @@ def prompts(lengths: list[int], extra: int = 0, extra_tokens: int = 24) -> dict[
     return out
 
 
-def engine_kwargs() -> dict[str, Any]:
-    """The main E2E engine's settings (runner.plan's "main"): chunked prefill in chunks of 32."""
-    from deepinfer_sm80.testing.e2e.runner import CHUNK_TOKENS, base_engine_kwargs
-
-    return base_engine_kwargs() | {
-        "enable_chunked_prefill": True,
-        "max_num_batched_tokens": CHUNK_TOKENS,
-        "enable_prefix_caching": True,
-    }
-
-
 def run_rows(level: str, model: Path, work: Path, plan_prompts: dict[str, list[int]], timeout: float) -> Path:
     """The engine's rows for plan_prompts, dumped by rows_worker into WORK/runs/rows-LEVEL/rows.pt."""
+    from deepinfer_sm80.testing.e2e.runner import main_engine_kwargs
+
     run_dir = work / "runs" / f"rows-{level}"
     run_dir.mkdir(parents=True, exist_ok=True)
     plan_path, out_path, log_path = run_dir / "plan.json", run_dir / "rows.pt", run_dir / "engine.log"
     out_path.unlink(missing_ok=True)
     plan_path.write_text(
-        json.dumps({"model": str(model), "engine": engine_kwargs(), "prompts": plan_prompts})
+        json.dumps({"model": str(model), "engine": main_engine_kwargs(), "prompts": plan_prompts})
     )
     env = os.environ | server_env(level, work) | {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     cmd = [sys.executable, "-m", "deepinfer_sm80.testing.e2e.rows_worker", str(plan_path), str(out_path)]
@@ -193,7 +184,7 @@ def build_report(per_prompt: dict[str, Any]) -> dict[str, Any]:
     independent: dict[str, Any] = {}
     if len(extra) >= 2:
         independent = {c: across([e[c] for e in extra]) for c in COMPARISONS}
-        for c in COMPARISONS:  # how often the E2E gate's per-position z would flag this comparison
+        for c in COMPARISONS:  # how often |z| in per-position standard errors > NLL_SHIFT_Z flags it
             zs = [e[c]["observed"]["z"] for e in extra]
             independent[c]["prompts_positive"] = sum(1 for e in extra if e[c]["observed"]["mean"] > 0)
             independent[c]["prompts_abs_z_above_gate"] = sum(

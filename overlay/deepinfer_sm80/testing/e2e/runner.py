@@ -114,6 +114,16 @@ def base_engine_kwargs() -> dict[str, Any]:
     }
 
 
+def main_engine_kwargs() -> dict[str, Any]:
+    """The main engine's settings: the long prompt prefilled in chunks of CHUNK_TOKENS, prefix caching
+    on (logit_rows dumps its rows under the same settings)."""
+    return base_engine_kwargs() | {
+        "enable_chunked_prefill": True,
+        "max_num_batched_tokens": CHUNK_TOKENS,
+        "enable_prefix_caching": True,
+    }
+
+
 def plan(kind: str, engram: bool) -> list[Engine]:
     """The engines and their cases. `ci` (make test): the main engine at both levels, DSpark and the
     OpenAI server at the optimized level; `full` (the evidence): every engine at both levels + PP."""
@@ -153,12 +163,7 @@ def plan(kind: str, engram: bool) -> list[Engine]:
     ]
     if full:
         main_cases += prefix_cases
-    main_kwargs = base_engine_kwargs() | {
-        "enable_chunked_prefill": True,
-        "max_num_batched_tokens": CHUNK_TOKENS,
-        "enable_prefix_caching": True,
-    }
-    engines = [Engine("main", SELECTING, main_kwargs, main_cases)]
+    engines = [Engine("main", SELECTING, main_engine_kwargs(), main_cases)]
     spec_cases = [
         Case(
             "short",
