@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -73,12 +74,42 @@ def test_wrapper_loads_this_ranks_shard(tmp_path: Path, monkeypatch, indexed: bo
     monkeypatch.setattr(D, "_pp_world_size", lambda: 2)
     from vllm import config as vconfig
 
-    cfg = type("C", (), {"model_config": type("M", (), {"model": str(tmp_path), "model_weights": None})()})()
-    monkeypatch.setattr(vconfig, "get_current_vllm_config", lambda: cfg)
+    monkeypatch.setattr(vconfig, "get_current_vllm_config", lambda: _config(str(tmp_path)))
     called = []
     draft, inner, target = _stages()
     D.wrap_maybe_share_target_embed(lambda *a: called.append(a))(draft, inner, target)
     assert called == []  # upstream not reached on this stage
+    assert torch.equal(inner.embed_tokens.weight.view(torch.int16), table[VOCAB // 2 :].view(torch.int16))
+
+
+def _config(model: str) -> SimpleNamespace:
+    return SimpleNamespace(
+        model_config=SimpleNamespace(model=model, model_weights=None, revision="r1"),
+        load_config=SimpleNamespace(download_dir="/dl"),
+    )
+
+
+def test_hub_id_resolves_through_the_loaders_snapshot(tmp_path: Path, monkeypatch) -> None:
+    """A hub id (`--model deepseek-ai/DeepSeek-V4.1-Flash`) is not a directory: the embedding comes from
+    the snapshot vLLM's loader fetched (download_weights_from_hf answers from the cache). On 526e104 the
+    wrapper read the id as a directory and failed."""
+    table = _checkpoint(tmp_path, indexed=True)
+    monkeypatch.setattr(D, "_pp_world_size", lambda: 2)
+    from vllm import config as vconfig
+    from vllm.model_executor.model_loader import weight_utils
+
+    asked = []
+
+    def snapshot(name, cache_dir, patterns, revision=None, **kw):
+        asked.append((name, cache_dir, tuple(patterns), revision))
+        return str(tmp_path)
+
+    monkeypatch.setattr(weight_utils, "download_weights_from_hf", snapshot)
+    hub = "deepseek-ai/DeepSeek-V4.1-Flash"
+    monkeypatch.setattr(vconfig, "get_current_vllm_config", lambda: _config(hub))
+    draft, inner, target = _stages()
+    D.wrap_maybe_share_target_embed(lambda *a: None)(draft, inner, target)
+    assert asked == [(hub, "/dl", tuple(D.WEIGHT_PATTERNS), "r1")]
     assert torch.equal(inner.embed_tokens.weight.view(torch.int16), table[VOCAB // 2 :].view(torch.int16))
 
 

@@ -314,7 +314,9 @@ BINDINGS: tuple[Binding, ...] = (
         below=EVERY_CAPABILITY,
         wrap=True,
         why="ships the new source records, top-k and candidate rows with the IntermediateTensors; the "
-        "next stage writes byte-identical replicas before its first layer",
+        "next stage writes byte-identical replicas before its first layer. With DSpark on PP it also "
+        "ships the stage's aux states and puts the received ones first on the last stage (upstream's "
+        "V4.1 forward keeps them local, model.py L1046-1077)",
     ),
     Binding(
         name="pp_intermediate",
@@ -326,6 +328,30 @@ BINDINGS: tuple[Binding, ...] = (
         wrap=True,
         why="model runner V2 copies received tensors key by key into these buffers; they gain the "
         "payload keys",
+    ),
+    Binding(
+        name="pp_kv_groups",
+        module="vllm.v1.core.kv_cache_utils",
+        symbol="get_kv_cache_config_from_groups",
+        base="deepinfer_sm80.integration.pp.kv_groups:wrap_get_kv_cache_config_from_groups",
+        optimized=None,
+        below=EVERY_CAPABILITY,
+        wrap=True,
+        why="every PP > 1 layout of V4.1 fails KV-cache allocation: a uniform group projected empty onto a "
+        "stage keeps the global spec, its tensors name the other stage's layers (L1646-1650) and "
+        "allocate_kv_cache raises StopIteration (v1/worker/utils.py L601); tensors from the stage's own "
+        "layers only",
+    ),
+    Binding(
+        name="dspark_pp_aux",
+        module="vllm.models.deepseek_v41.nvidia.model",
+        symbol="DeepseekV4Model.supports_aux_hidden_states_over_pp",
+        base="deepinfer_sm80.integration.pp.aux:SUPPORTS_AUX_OVER_PP",
+        optimized=None,
+        below=EVERY_CAPABILITY,
+        why="DSpark with PP > 1 is refused at model load (model_runner.py L410 -> eagle3_utils.py L44-50: "
+        "the class inherits False); V4.1 relays its aux states by vLLM's convention once pp_forward ships "
+        "and collects them (integration/pp/aux.py)",
     ),
     Binding(
         name="dspark_pp_embed",

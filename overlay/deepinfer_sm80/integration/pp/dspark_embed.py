@@ -49,13 +49,25 @@ def _target_embedding_missing(target_inner: nn.Module) -> bool:
     return emb is None or isinstance(emb, PPMissingLayer)
 
 
+WEIGHT_PATTERNS = ["*.safetensors", "*.safetensors.index.json"]
+
+
+def checkpoint_dir(model: str | Path, download_dir: str | None = None, revision: str | None = None) -> Path:
+    """The local directory of the checkpoint `model` names: the path itself, or for a hub id the snapshot
+    vLLM's loader already fetched (upstream's `download_weights_from_hf`, which answers from the local
+    cache when the files are there and honours HF_HUB_OFFLINE)."""
+    if Path(model).is_dir():
+        return Path(model)
+    from vllm.model_executor.model_loader.weight_utils import download_weights_from_hf
+
+    return Path(download_weights_from_hf(str(model), download_dir, WEIGHT_PATTERNS, revision=revision))
+
+
 def find_embedding(model_dir: str | Path) -> tuple[Path, str]:
     """(safetensors file, tensor name) of the target embedding in a local checkpoint directory."""
     root = Path(model_dir)
     if not root.is_dir():
-        raise FileNotFoundError(
-            f"DSpark on PP reads the embedding from a local checkpoint directory; got {root}"
-        )
+        raise FileNotFoundError(f"DSpark on PP: checkpoint directory {root} does not exist")
     index = root / "model.safetensors.index.json"
     if index.exists():
         weight_map = json.loads(index.read_text())["weight_map"]
@@ -108,8 +120,12 @@ def wrap_maybe_share_target_embed(upstream: Callable[..., Any]) -> Callable[...,
         ):
             from vllm.config import get_current_vllm_config
 
-            mc = get_current_vllm_config().model_config
-            held = load_target_embedding(own, getattr(mc, "model_weights", None) or mc.model)
+            cfg = get_current_vllm_config()
+            mc = cfg.model_config
+            root = checkpoint_dir(
+                getattr(mc, "model_weights", None) or mc.model, cfg.load_config.download_dir, mc.revision
+            )
+            held = load_target_embedding(own, root)
             LOG.info(
                 "DSpark on PP: drafter embedding loaded from the target checkpoint (%d B on this rank)", held
             )

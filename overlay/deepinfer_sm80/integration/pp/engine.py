@@ -31,12 +31,13 @@ import logging
 import os
 import re
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import torch
 from torch import nn
 
-from deepinfer_sm80.integration.pp import payload
+from deepinfer_sm80.integration.pp import aux, payload
 from deepinfer_sm80.integration.pp.plan import ENV_PARTITION, Item, Plan, plan_from_env
 from deepinfer_sm80.integration.pp.topology import IKV_RECORD_BYTES, Topology
 
@@ -248,13 +249,21 @@ def _step_metadata() -> dict[str, Any] | None:
 
 
 def wrap_forward(upstream: Callable[..., Any]) -> Callable[..., Any]:
-    """Binding `pp_forward`: apply the received payload first, append the outgoing one last."""
+    """Binding `pp_forward`: apply the received payload first, append the outgoing one last; with DSpark on
+    PP, also ship this stage's aux states and put the received ones first on the last stage (aux.py)."""
 
     def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
         rt = runtime_for(self) if _RUNTIMES else None  # no replicating stage in this process: upstream's
-        if rt is None:
+        relay = aux.active(self)
+        if rt is None and not relay:
             return upstream(self, *args, **kwargs)
-        return _forward_replicating(upstream, rt, self, *args, **kwargs)
+        if rt is None:
+            call = partial(upstream, self, *args, **kwargs)
+        else:
+            call = partial(_forward_replicating, upstream, rt, self, *args, **kwargs)
+        if not relay:
+            return call()
+        return aux.run(self, call, kwargs.get("intermediate_tensors", args[2] if len(args) > 2 else None))
 
     return forward
 
