@@ -12,8 +12,11 @@ Steps, in order (docs/VALIDATE.md); each records pass / fail / skipped with its 
   GPU  5 gpu-tests        the overlay's kernel tests, natively on this GPU
   GPU  6 replication-gpu  pipeline replication round trip with CUDA tensors (two stage caches)
   GPU  7 sm80-report      cross-compile report, rows of the detected arch
-  GPU  8 serve-tp1        real engine serving the tiny checkpoint, harness smoke A/B (base vs deepinfer)
-  GPU  9 serve-tp2 / serve-pp2 / serve-pp3   where the GPU count allows (PP splits that need replication)
+  GPU  8 serve-tp1        real engine serving the tiny checkpoint, harness smoke A/B (base vs deepinfer);
+                          its greedy tokens are the reference of every later serve step
+  GPU  9 serve-tp1-dspark, serve-tp2, serve-pp2 / -dspark (4,2), serve-pp2-clean / -dspark (3,3),
+         serve-pp3 / -dspark (3,1,2), serve-tp2-pp2-dspark (TP2 x PP2, 4,2): where the GPU count
+         allows; greedy tokens identical to serve-tp1's, DSpark steps must draft
 
 Without a CUDA GPU it runs the CPU steps, stops at the first GPU step and says so (exit 3).
 Exit: 0 every step ran and passed; 1 a step failed; 2 bad input; 3 incomplete (no GPU, or too few GPUs
@@ -34,18 +37,54 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_INCOMPLETE = 0, 1, 2, 3
 REFERENCE_PARTITIONS = ((14, 14, 12), (20, 20), (13, 14, 13), (8, 12, 20))
-# tiny model (6 layers: 0 SWA, 1-2 ratio 2, 3-5 ratio 1): splits that cross its sharing groups
-TINY_SERVE = (
-    ("serve-tp1", 1, 1, None),
-    ("serve-tp2", 2, 1, None),
-    ("serve-pp2", 1, 2, "4,2"),
-    ("serve-pp3", 1, 3, "2,2,2"),
+# DSpark as the serve steps run it (the drafter stages mtp.0-2 of the tiny checkpoint)
+DSPARK: dict[str, Any] = {"method": "dspark", "num_speculative_tokens": 3}
+REFERENCE_SERVE = "serve-tp1"  # every other serve step's greedy tokens must equal this one's
+DIFFERING = "tokens_differing_from_serve_tp1"  # the evidence field of that comparison
+
+
+@dataclass(frozen=True)
+class Serve:
+    """One serve step: `vllm serve` of the tiny checkpoint at TP x PP (`partition`:
+    VLLM_PP_LAYER_PARTITION), with `speculative` as --speculative-config when set."""
+
+    name: str
+    tp: int
+    pp: int = 1
+    partition: str | None = None
+    speculative: dict[str, Any] | None = None
+
+    @property
+    def gpus(self) -> int:
+        return self.tp * self.pp
+
+
+# tiny model (6 layers: 0 SWA, 1-2 ratio 2 sharing 1's kv, 3-5 ratio 1 sharing 3's): 4,2 cuts inside
+# 3's sharing group, 3,3 is clean, 3,1,2 is the analogue of the reference 14,14,12 (a clean cut,
+# then one inside a group)
+TINY_SERVE: tuple[Serve, ...] = (
+    Serve(REFERENCE_SERVE, 1),
+    Serve("serve-tp1-dspark", 1, speculative=DSPARK),
+    Serve("serve-tp2", 2),
+    Serve("serve-pp2", 1, 2, "4,2"),
+    Serve("serve-pp2-dspark", 1, 2, "4,2", DSPARK),
+    Serve("serve-pp2-clean", 1, 2, "3,3"),
+    Serve("serve-pp2-clean-dspark", 1, 2, "3,3", DSPARK),
+    Serve("serve-pp3", 1, 3, "3,1,2"),
+    Serve("serve-pp3-dspark", 1, 3, "3,1,2", DSPARK),
+    Serve("serve-tp2-pp2-dspark", 2, 2, "4,2", DSPARK),
 )
+
+
+def planned_serves(gpu_count: int) -> list[Serve]:
+    """The serve steps that run on a node with `gpu_count` GPUs (the others are skipped)."""
+    return [s for s in TINY_SERVE if s.gpus <= gpu_count]
 
 
 @dataclass
@@ -164,9 +203,9 @@ def step_tiny(ctx: dict) -> dict:
 
     topo = Topology.from_file(ctx["model"])
     splits = {
-        p: build_plan(topo, tuple(int(x) for x in p.split(","))).to_dict()["stages"]
-        for _, _, pp, p in TINY_SERVE
-        if p
+        s.partition: build_plan(topo, tuple(int(x) for x in s.partition.split(","))).to_dict()["stages"]
+        for s in TINY_SERVE
+        if s.partition
     }
     return {"manifest": manifest, "tiny_plans": {k: [s["needs"] for s in v] for k, v in splits.items()}}
 
@@ -242,14 +281,14 @@ def step_sm80_report(ctx: dict) -> dict:
     return detail
 
 
-def harness_command(
-    model: Path, tp: int, pp: int, partition: str | None, run_id: str, out: Path
-) -> tuple[list[str], dict]:
-    """The harness smoke A/B on the real engine: arm A sends every binding row to base, B as shipped."""
+def harness_command(model: Path, serve: Serve, run_id: str, out: Path) -> tuple[list[str], dict]:
+    """The harness smoke A/B on the real engine: arm A sends every binding row to base, B as shipped.
+    Its greedy cell (token-id prompts, temperature 0, `return_token_ids`) records the output ids
+    and its per-run summaries the spec-decode counter deltas from /metrics."""
     from deepinfer_sm80 import bindings
 
     base_all = ",".join(b.name for b in bindings.BINDINGS)
-    env = {"VLLM_PP_LAYER_PARTITION": partition} if partition else {}
+    env = {"VLLM_PP_LAYER_PARTITION": serve.partition} if serve.partition else {}
     flags = [
         "--enforce-eager",
         "--max-num-seqs",
@@ -259,9 +298,9 @@ def harness_command(
         "--gpu-memory-utilization",
         "0.5",
     ]
-    sets = {
-        "topology.tp": tp,
-        "topology.pp": pp,
+    sets: dict[str, Any] = {
+        "topology.tp": serve.tp,
+        "topology.pp": serve.pp,
         "dtype": "bfloat16",
         "kv_cache_dtype": "fp8_ds_mla",
         "labels": {"A": "base", "B": "deepinfer"},
@@ -273,6 +312,8 @@ def harness_command(
         "server.env": env,
         "server.variant_env": {"A": {"DEEPINFER_SM80_DISABLE": base_all}},
     }
+    if serve.speculative:  # the harness adds --speculative-config (and per-request spec metrics)
+        sets["speculative"] = serve.speculative
     cmd = [
         sys.executable,
         "-m",
@@ -294,23 +335,142 @@ def harness_command(
     return cmd, env
 
 
-def make_serve_step(name: str, tp: int, pp: int, partition: str | None) -> Callable[[dict], dict]:
+def run_root(out: Path, serve: Serve) -> Path:
+    """The harness's run directory of a serve step (`--results OUT/bench-ab --run-id validate-NAME`)."""
+    return out / "bench-ab" / f"validate-{serve.name}"
+
+
+# (arm, greedy cell, prompt sha256) -> that prompt's output token ids, one list per measured request
+GreedyTokens = dict[tuple[str, str, str], list[list[int]]]
+
+
+def greedy_tokens(root: Path) -> GreedyTokens:
+    """Every measured greedy output of a harness run directory's concurrency-1 greedy cells, read from its
+    request records. Higher concurrencies are left out: a batch of 4 is composed differently under PP or
+    DSpark than on one stage, so its GEMMs round differently and a near-tie of the random-weight model may
+    flip a token without anything being wrong (the CPU end-to-end run compares one sequence at a time too)."""
+    from deepinfer_harness.cells import parse_cell
+    from deepinfer_harness.records import read_records
+
+    out: GreedyTokens = {}
+    for path in sorted((root / "cells").glob("*/[AB].r*.jsonl")):
+        cell = parse_cell(path.parent.name)
+        if cell.kind != "greedy" or cell.concurrency != 1:
+            continue
+        for r in read_records(path):
+            if r.phase == "measure" and r.ok and r.output_token_ids is not None:
+                key = (r.variant, r.cell_id, r.prompt_sha256)
+                out.setdefault(key, []).append(list(r.output_token_ids))
+    return out
+
+
+def compare_greedy(got: GreedyTokens, reference: GreedyTokens) -> dict[str, Any]:
+    """Token by token against the reference's first output of the same arm, cell and prompt: a
+    position that differs counts one, as does every token one output has beyond the other."""
+    differing, compared, diverged = 0, 0, []
+    for key in sorted(got.keys() & reference.keys()):
+        ref = reference[key][0]
+        for tokens in got[key]:
+            compared += 1
+            n = sum(a != b for a, b in zip(tokens, ref, strict=False)) + abs(len(tokens) - len(ref))
+            if n:
+                differing += n
+                first = next((j for j, (a, b) in enumerate(zip(tokens, ref, strict=False)) if a != b), None)
+                arm, cell, sha = key
+                diverged.append(
+                    {
+                        "arm": arm,
+                        "cell": cell,
+                        "prompt_sha256": sha[:16],
+                        "tokens_differing": n,
+                        "first_divergence": min(len(tokens), len(ref)) if first is None else first,
+                    }
+                )
+    return {
+        "greedy_outputs_compared": compared,
+        DIFFERING: differing,
+        "greedy_prompts_unmatched": len(got.keys() ^ reference.keys()),
+        "greedy_diverged": diverged[:8],
+    }
+
+
+def spec_decode_counters(root: Path) -> dict[str, dict[str, float]]:
+    """Per arm, the vllm:spec_decode_num_draft_tokens / _accepted_tokens deltas the harness took
+    from /metrics around each cell run (its per-run summaries), summed over the run."""
+    out: dict[str, dict[str, float]] = {}
+    for path in sorted((root / "cells").glob("*/[AB].r*.summary.json")):
+        summary = json.loads(path.read_text())
+        arm = out.setdefault(path.name[0], {"draft_tokens": 0.0, "accepted_tokens": 0.0})
+        arm["draft_tokens"] += summary.get("spec_decode_draft_tokens") or 0.0
+        arm["accepted_tokens"] += summary.get("spec_decode_accepted_tokens") or 0.0
+    return out
+
+
+class StepFailure(AssertionError):
+    """A failed step that keeps its numbers for the evidence."""
+
+    def __init__(self, message: str, detail: dict) -> None:
+        super().__init__(message)
+        self.detail = detail
+
+
+def make_serve_step(serve: Serve) -> Callable[[dict], dict]:
+    name = serve.name
+
     def step(ctx: dict) -> dict:
-        need = tp * pp
-        if len(ctx["gpus"]) < need:
-            raise SkipStep(f"needs {need} GPUs, {len(ctx['gpus'])} present")
-        cmd, _ = harness_command(ctx["model"], tp, pp, partition, f"validate-{name}", ctx["out"])
+        if len(ctx["gpus"]) < serve.gpus:
+            raise SkipStep(f"needs {serve.gpus} GPUs, {len(ctx['gpus'])} present")
+        cmd, _ = harness_command(ctx["model"], serve, f"validate-{name}", ctx["out"])
         code, out = run(cmd, 3600)
         lines = [ln for ln in out.splitlines() if ln.strip()]
-        detail = {
-            "tp": tp,
-            "pp": pp,
-            "partition": partition,
+        root = run_root(ctx["out"], serve)
+        detail: dict[str, Any] = {
+            "tp": serve.tp,
+            "pp": serve.pp,
+            "partition": serve.partition,
+            "speculative": serve.speculative,
             "harness_exit": code,
             "harness_tail": lines[-12:],
+            "run_dir": str(root),
         }
         if code != 0:
-            raise AssertionError(f"{name}: harness exit {code}: {lines[-1] if lines else ''}")
+            raise StepFailure(f"{name}: harness exit {code}: {lines[-1] if lines else ''}", detail)
+        tokens = greedy_tokens(root)
+        detail["greedy_outputs"] = sum(len(v) for v in tokens.values())
+        if not tokens:
+            raise StepFailure(f"{name}: no greedy token ids recorded under {root}", detail)
+        ctx.setdefault("greedy_tokens", {})[name] = tokens
+        problems = []
+        if name != REFERENCE_SERVE:
+            reference = ctx["greedy_tokens"].get(REFERENCE_SERVE)
+            if reference is None:
+                raise StepFailure(
+                    f"{name}: {REFERENCE_SERVE} recorded no greedy tokens in this run, nothing to compare",
+                    detail,
+                )
+            detail |= compare_greedy(tokens, reference)
+            if detail[DIFFERING]:
+                first = detail["greedy_diverged"][0]
+                problems.append(
+                    f"{detail[DIFFERING]} greedy tokens differ from {REFERENCE_SERVE}'s (first: arm "
+                    f"{first['arm']} {first['cell']} position {first['first_divergence']})"
+                )
+            if detail["greedy_prompts_unmatched"]:
+                problems.append(
+                    f"{detail['greedy_prompts_unmatched']} greedy prompts not answered by both "
+                    f"{name} and {REFERENCE_SERVE}"
+                )
+        if serve.speculative:
+            counters = spec_decode_counters(root)
+            detail["spec_decode"] = counters
+            detail["spec_decode_draft_tokens"] = sum(c["draft_tokens"] for c in counters.values())
+            detail["spec_decode_accepted_tokens"] = sum(c["accepted_tokens"] for c in counters.values())
+            idle = sorted(arm for arm, c in counters.items() if c["draft_tokens"] <= 0)
+            if not counters or idle:
+                where = f"arm {', '.join(idle)}" if idle else "any arm"
+                problems.append(f"no draft tokens (vllm:spec_decode_num_draft_tokens) on {where}")
+        if problems:
+            raise StepFailure(f"{name}: " + "; ".join(problems), detail)
         return detail
 
     return step
@@ -331,7 +491,7 @@ def steps() -> list[tuple[Step, Callable[[dict], dict]]]:
         (Step("replication-gpu", True), step_replication_gpu),
         (Step("sm80-report", True), step_sm80_report),
     ]
-    out += [(Step(n, True), make_serve_step(n, tp, pp, part)) for n, tp, pp, part in TINY_SERVE]
+    out += [(Step(s.name, True), make_serve_step(s)) for s in TINY_SERVE]
     return out
 
 
@@ -361,9 +521,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: --skip: unknown step(s) {sorted(unknown)}", file=sys.stderr)
         return EXIT_USAGE
     if args.dry_run:
-        for name, tp, pp, part in TINY_SERVE:
-            cmd, env = harness_command(model, tp, pp, part, f"validate-{name}", out)
-            print(f"{name}: {' '.join(f'{k}={v}' for k, v in env.items())} {' '.join(cmd)}")
+        for serve in TINY_SERVE:
+            cmd, env = harness_command(model, serve, f"validate-{serve.name}", out)
+            print(f"{serve.name}: {' '.join(f'{k}={v}' for k, v in env.items())} {' '.join(cmd)}")
         return EXIT_OK
     out.mkdir(parents=True, exist_ok=True)
     ctx = {"out": out, "model": model, "gpus": gpus(), "dp_per_node": args.dp_per_node,
@@ -389,6 +549,7 @@ def main(argv: list[str] | None = None) -> int:
             step.status, step.reason = "skipped", str(why)
         except Exception as err:
             step.status, step.reason = "fail", f"{type(err).__name__}: {err}".splitlines()[0][:500]
+            step.detail = getattr(err, "detail", None) or step.detail
             failed = True
         step.seconds = time.monotonic() - t0
         why = f": {step.reason}" if step.reason else ""
