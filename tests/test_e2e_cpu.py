@@ -230,3 +230,56 @@ def test_a_prefix_case_asks_for_no_prompt_logprobs_and_is_judged_by_greedy_only(
     prompt = list(range(1, 20))
     result = compare_case(oracle, {"prompt": prompt, "tokens": [], "prompt_logprobs": None})
     assert not result["nll_compared"] and result["nll_abs_diff"] is None
+
+
+@pytest.mark.parametrize("kind", ["ci", "full"])
+def test_every_pp_cut_runs_with_and_without_dspark_at_both_levels(kind: str) -> None:
+    """Issue 29: the CI plan itself runs 4,2 / 3,3 / 3,1,2, each plain and with DSpark, at both levels,
+    held to the single-stage engines' tokens (and DSpark's drafter inputs), with the PP rows required."""
+    from deepinfer_sm80.testing.e2e import runner
+
+    engines = {e.name: e for e in runner.plan(kind, engram=True)}
+    for name, (partition, _) in runner.PP_LAYOUTS.items():
+        for spec in (False, True):
+            e = engines[f"{name}_dspark" if spec else name]
+            assert e.env == {"VLLM_PP_LAYER_PARTITION": partition}
+            assert e.engine["pipeline_parallel_size"] == partition.count(",") + 1
+            assert e.levels == runner.LEVELS
+            assert ("speculative_config" in e.engine) == spec
+            twins = ("main", None, "dspark") if spec else (None, "main", None)
+            assert (e.spec_of, e.same_as, e.aux_of) == twins
+            dspark_rows = set(runner.DSPARK_PP_ROWS)
+            for rows in e.cases[0].rows.values():
+                assert set(runner.PP_ROWS) <= set(rows)
+                assert dspark_rows <= set(rows) if spec else not dspark_rows & set(rows)
+    served = engines["serve_pp3_dspark"]
+    assert served.kind == "serve" and "--pipeline-parallel-size" in served.serve_flags
+    assert ("tp2_pp2_dspark" in engines) == (kind == "full")
+
+
+def test_drafter_input_target_counts_every_difference() -> None:
+    from deepinfer_sm80.testing.e2e.runner import aux_target
+
+    same = [[0, "a"], [1, "b"]]
+    assert aux_target("t", "dspark", same, list(same))["met"]
+    moved = aux_target("t", "dspark", [[0, "a"], [1, "c"]], same)
+    assert not moved["met"] and moved["measured"] == 1
+    assert aux_target("t", "dspark", same[:1], same)["measured"] == 1  # a missing step counts
+    assert not aux_target("t", "dspark", [], [])["met"]  # nothing recorded is not a pass
+
+
+def test_pp_groups_leave_the_spinning_shared_memory_channel() -> None:
+    """The stand-in sends PP tensors over vLLM's gloo fallback; tensor-parallel groups keep shared memory."""
+    from types import SimpleNamespace
+
+    from deepinfer_sm80.testing.e2e.standins import _pp_over_gloo
+
+    class Comm:
+        def _all_group_ranks_share_shm_group_name(self) -> bool:
+            return True
+
+    _pp_over_gloo(SimpleNamespace(CpuCommunicator=Comm))
+    for name, shared in (("pp:0", False), ("tp:1", True)):
+        comm = Comm()
+        comm.unique_name = name
+        assert comm._all_group_ranks_share_shm_group_name() is shared

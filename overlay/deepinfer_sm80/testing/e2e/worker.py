@@ -100,6 +100,7 @@ def run(plan: dict[str, Any]) -> dict[str, Any]:
         "standins": list(standins.APPLIED),
         "cases": results,
         "spec_decode": spec,
+        "aux": coverage.AUX,
     }
 
 

@@ -1,0 +1,50 @@
+"""Speculative decoding under PP with the synchronous scheduler (binding row `pp_spec_cadence`).
+
+With model runner V2, pipeline parallelism and speculative decoding (DSpark), a request's next decode
+step needs the token (and drafts) its previous step sampled on the last stage; the workers relay them
+through a ring of `pp_size` slots (`v1/worker/gpu/pp_utils.py` `PPHandler`). vLLM 0.32.0 throttles a
+request to one decode every `pp_size` scheduler steps only in `AsyncScheduler._update_after_schedule`
+(`v1/core/sched/async_scheduler.py` L52-57, read at `scheduler.py` L680). The synchronous `Scheduler`
+never sets `next_decode_eligible_step`, so it schedules the request again before the relay: the
+first stage's worker then meets a step whose scheduled tokens are fewer than its drafts + 1 and stops
+at `v1/worker/gpu/model_runner.py` L1403 (`assert (num_scheduled_tokens_np >= num_logits).all()`).
+That is the path of every synchronous deployment: `--no-async-scheduling`, and executors without async
+scheduling (Ray's: `v1/executor/abstract.py` L442, the multi-node TP8 x PP2 deployment) (vLLM #52071,
+open fix #52179).
+
+The fix is the asynchronous scheduler's own rule, applied by the synchronous one: after upstream's
+bookkeeping, a scheduled request past its prefill is next eligible `pp_size` steps later. Everywhere
+else (PP = 1, no speculation, model runner V1, the asynchronous scheduler) upstream's method runs alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+
+def applies(scheduler: Any) -> bool:
+    return bool(
+        getattr(scheduler, "use_pp", False)
+        and getattr(scheduler, "use_v2_model_runner", False)
+        and getattr(scheduler, "num_spec_tokens", 0)
+        and not scheduler.scheduler_config.async_scheduling
+    )
+
+
+def wrap_update_after_schedule(upstream: Callable[..., Any]) -> Callable[..., Any]:
+    """Binding `pp_spec_cadence`: upstream's update, then the PP decode cadence for a sync scheduler."""
+
+    def _update_after_schedule(self: Any, scheduler_output: Any) -> None:
+        upstream(self, scheduler_output)
+        if not applies(self):
+            return
+        pp = self.parallel_config.pipeline_parallel_size
+        for req_id in scheduler_output.num_scheduled_tokens:
+            request = self.requests[req_id]
+            if not request.is_prefill_chunk:
+                request.next_decode_eligible_step = max(
+                    request.next_decode_eligible_step, self.current_step + pp
+                )
+
+    return _update_after_schedule
