@@ -101,12 +101,13 @@ gpu-bundle: fetch-vllm
 gpu-suite:
 	bash scripts/gpu_suite.sh $(BUNDLE) $${OUT:-results/gpu}
 
-# Images (docker/README.md). VLLM_BUILD=source (default) compiles vLLM's CUDA code for 8.0/8.6;
-# VLLM_BUILD=precompiled reuses the official wheel's binaries. IMAGE_EXTRA passes more build args
+# Images (docker/README.md). VLLM_BUILD=precompiled (default; the path CI builds and self-tests through
+# scripts/docker_ci.sh) reuses the official wheel's binaries; VLLM_BUILD=source compiles vLLM's CUDA code
+# for 8.0/8.6 (only its CMake configure step has run here). IMAGE_EXTRA passes more build args
 # (BASE_IMAGE, PYTHON_VERSION, MAX_JOBS, IMAGE_UID, --secret); DOCKER names the client. Both targets
 # build from one snapshot of the inputs (scripts/docker_context.sh), so they differ only by patch 01.
 DOCKER ?= docker
-VLLM_BUILD ?= source
+VLLM_BUILD ?= precompiled
 IMAGE_NAME ?= deepinfer-sm80
 IMAGE_EXTRA ?=
 IMAGE_CONTEXT := $(CACHE)/image-context

@@ -1,4 +1,4 @@
-"""`make report`: the result tables and figures in README.md, docs/*.md and docker/README.md, from results/.
+"""`make report`: the result tables and figures of README.md, docs/*.md, docker/README.md, harness/README.md.
 
 A document owns prose; the renderer owns marked regions:
 
@@ -25,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCUMENTS = ("README.md", "docs/*.md", "docker/README.md")
+DOCUMENTS = ("README.md", "docs/*.md", "docker/README.md", "harness/README.md")
 REGION = re.compile(
     r"<!-- report:(?P<kind>[\w-]+)(?P<args>[^>]*?) -->(?P<body>.*?)<!-- /report:(?P=kind) -->", re.S
 )
@@ -208,34 +208,133 @@ def render_setup(res: Results, args: dict[str, str]) -> str:
     )
 
 
-def render_junit(res: Results, args: dict[str, str]) -> str:
-    """`N passed, M failed, K skipped of T` from a pytest JUnit XML."""
+def _cases(res: Results, args: dict[str, str]) -> list[ET.Element]:
+    """The testcases of a JUnit XML, those whose `classname::name` contains `match=` when given."""
     root = ET.parse(res.path(_need(args, "file"))).getroot()
-    suite = root if root.tag == "testsuite" else root.find("testsuite")
-    if suite is None:
+    if root.tag != "testsuite" and root.find("testsuite") is None:
         raise ReportError(f"results/{args['file']}: no testsuite element")
-    total, failed = int(suite.get("tests", 0)), int(suite.get("failures", 0)) + int(suite.get("errors", 0))
-    skipped = int(suite.get("skipped", 0))
+    cases = list(root.iter("testcase"))
+    if "match" in args:
+        cases = [c for c in cases if args["match"] in f"{c.get('classname', '')}::{c.get('name', '')}"]
+        if not cases:
+            raise ReportError(f"results/{args['file']}: no testcase matching {args['match']!r}")
+    return cases
+
+
+def _failure(case: ET.Element) -> ET.Element | None:
+    failure = case.find("failure")
+    return failure if failure is not None else case.find("error")
+
+
+def render_junit(res: Results, args: dict[str, str]) -> str:
+    """`N passed, M failed, K skipped of T` from a pytest JUnit XML (its cases matching `match=`)."""
+    cases = _cases(res, args)
+    failed = sum(_failure(c) is not None for c in cases)
+    skipped = sum(c.find("skipped") is not None and _failure(c) is None for c in cases)
+    total = len(cases)
     return f"{total - failed - skipped} passed, {failed} failed, {skipped} skipped of {total}"
 
 
+def _message(failure: ET.Element) -> str:
+    message = (failure.get("message") or "").replace("deepinfer_sm80.testing.compare.MismatchError: ", "")
+    message = re.sub(r" case '[^']*' seed \d+ \(crc32 of the name\)", "", message.split("; first at")[0])
+    return message.replace("|", "\\|").strip()
+
+
 def render_junit_failures(res: Results, args: dict[str, str]) -> str:
-    """One line per failed test of a JUnit XML: its id and the failure message up to its coordinates."""
-    root = ET.parse(res.path(_need(args, "file"))).getroot()
+    """One line per failed test of a JUnit XML (matching `match=`): its id and the failure message up
+    to its coordinates."""
     out = []
-    for case in root.iter("testcase"):
-        failure = case.find("failure")
-        if failure is None:
-            failure = case.find("error")
-        if failure is None:
-            continue
-        message = (failure.get("message") or "").replace("deepinfer_sm80.testing.compare.MismatchError: ", "")
-        message = re.sub(r" case '[^']*' seed \d+ \(crc32 of the name\)", "", message.split("; first at")[0])
-        message = message.replace("|", "\\|").strip()
-        out.append([f"`{case.get('name')}`", message])
+    for case in _cases(res, args):
+        failure = _failure(case)
+        if failure is not None:
+            out.append([f"`{case.get('name')}`", _message(failure)])
     if not out:
         return "No failures."
     return table(["test", "failure (the XML's message, up to its first coordinate)"], sorted(out))
+
+
+def render_junit_new_failures(res: Results, args: dict[str, str]) -> str:
+    """`N more fail (X to Y elements)`: the tests of `file=` that fail and did not fail in `base=`,
+    with the span of the element counts their messages give (`<n> elements ...`)."""
+    failed = {c.get("name"): f for c in _cases(res, args) if (f := _failure(c)) is not None}
+    base = {c.get("name") for c in _cases(res, {"file": _need(args, "base")}) if _failure(c) is not None}
+    new = [f for name, f in failed.items() if name not in base]
+    counts = [int(m.group(1)) for f in new if (m := re.search(r"(\d+) elements", f.get("message") or ""))]
+    text = f"{len(new)} more fail"
+    if counts:
+        text += f" ({min(counts)} to {max(counts)} elements)"
+    return text
+
+
+def render_compile_count(res: Results, args: dict[str, str]) -> str:
+    """`N kernels (`prefix*`) compile for sm_80, sm_86 and sm_89, S spill bytes, H on hardware e4m3` from
+    sm80-compile.json: every kernel whose name starts with `prefix=`, counted once over its archs."""
+    doc = res.json(_need(args, "file"))
+    prefix = _need(args, "prefix")
+    rows = [k for k in doc.get("kernels", []) if isinstance(k, dict) and k.get("name", "").startswith(prefix)]
+    if not rows:
+        raise ReportError(f"results/{args['file']}: no kernel named {prefix}*")
+    names = {k["name"] for k in rows}
+    archs = sorted({int(k["arch"]) for k in rows})
+    incomplete = sorted(n for n in names if {int(k["arch"]) for k in rows if k["name"] == n} != set(archs))
+    if incomplete:
+        raise ReportError(f"results/{args['file']}: {incomplete} not compiled for every arch {archs}")
+    spills = sum(int(k.get("spill_bytes") or 0) for k in rows)
+    hw_fp8 = len({k["name"] for k in rows if k.get("uses_hw_fp8")})
+    arch_text = ", ".join(f"sm_{a}" for a in archs[:-1]) + " and " * (len(archs) > 1) + f"sm_{archs[-1]}"
+    return (f"{len(names)} kernels (`{prefix}*`) compile for {arch_text}: {spills} spill bytes in all, "
+            f"{hw_fp8} using hardware e4m3")  # fmt: skip
+
+
+def _at(node: object, path: str, rel: str) -> object:
+    for key in path.split("."):
+        if isinstance(node, list) and key.isdigit():
+            node = node[int(key)]
+        elif isinstance(node, dict) and key in node:
+            node = node[key]
+        else:
+            raise ReportError(f"results/{rel}: no {path!r}")
+    return node
+
+
+def render_series(res: Results, args: dict[str, str]) -> str:
+    """`v1 unit (label1), v2 unit (label2), …` from a JSON list of objects (`path=`): each object's
+    `field=` (dotted), labelled by its `by=` (token counts as the benches name them: 4K, 1M)."""
+    rel = _need(args, "file")
+    items = _at(res.json(rel), _need(args, "path"), rel)
+    if not isinstance(items, list) or not items:
+        raise ReportError(f"results/{rel}: {args['path']!r} is not a non-empty list")
+    unit = f" {args['unit']}" if args.get("unit") else ""
+    digits = int(args["digits"]) if "digits" in args else None
+    out = []
+    for item in items:
+        value, label = _at(item, _need(args, "field"), rel), _at(item, _need(args, "by"), rel)
+        shown = num(value, digits) if isinstance(value, float) else str(value)
+        out.append(f"{shown}{unit} ({size_label(label) if isinstance(label, int) else label})")
+    return ", ".join(out)
+
+
+def render_span(res: Results, args: dict[str, str]) -> str:
+    """`lo–hi unit over N` of one field (`field=`, dotted) over a JSON list of objects (`path=`)."""
+    rel = _need(args, "file")
+    items = _at(res.json(rel), _need(args, "path"), rel)
+    if not isinstance(items, list):
+        raise ReportError(f"results/{rel}: {args['path']!r} is not a list")
+    values = []
+    for item in items:
+        try:
+            value = _at(item, _need(args, "field"), rel)
+        except ReportError:
+            continue
+        if isinstance(value, int | float):
+            values.append(float(value))
+    if not values:
+        raise ReportError(f"results/{rel}: no {args['field']!r} in {args['path']!r}")
+    digits = int(args.get("digits", 1))
+    unit = f" {args['unit']}" if args.get("unit") else ""
+    over = f"over {len(values)} {args.get('of', 'values')}"
+    return f"{min(values):.{digits}f}–{max(values):.{digits}f}{unit} {over}"
 
 
 def render_progress(res: Results, args: dict[str, str]) -> str:
@@ -452,6 +551,10 @@ RENDERERS: dict[str, Callable[[Results, dict[str, str]], str]] = {
     "setup": render_setup,
     "junit": render_junit,
     "junit-failures": render_junit_failures,
+    "junit-new-failures": render_junit_new_failures,
+    "compile-count": render_compile_count,
+    "series": render_series,
+    "span": render_span,
     "progress": render_progress,
     "sanitize": render_sanitize,
     "value": render_value,

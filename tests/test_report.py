@@ -144,3 +144,26 @@ def test_the_hand_number_check_can_fail():
     assert hand_numbers("took 13.0 µs, 2.2× base <!-- report:x -->1.5 µs<!-- /report:x --> `8.0`") == [
         "13.0", "2.2"
     ]  # fmt: skip
+
+
+def test_issue_31_renderers_read_the_committed_results():
+    """junit match=, junit-new-failures, compile-count, series and span on the files the docs cite."""
+    res = report.Results(ROOT)
+    aa = "gpu/layout-check-aa380db/gpu-tests.xml"
+    assert report.render_junit(res, {"file": aa, "match": "test_indexer_stream::"}) == (
+        "3 passed, 3 failed, 0 skipped of 6"
+    )
+    failures = report.render_junit_failures(res, {"file": aa, "match": "test_indexer_stream::"})
+    assert failures.count("cannot be accessed from Triton") == 3
+    with pytest.raises(report.ReportError, match="no testcase matching 'nope'"):
+        report.render_junit(res, {"file": aa, "match": "nope"})
+    new = {"file": "gpu/layout-check-80507a2/mhc-tests.xml", "base": "gpu/mhc-h200-tests-84bf975.xml"}
+    assert report.render_junit_new_failures(res, new) == "10 more fail (1 to 22 elements)"
+    count = report.render_compile_count(res, {"file": "sm80-compile.json", "prefix": "indexer."})
+    assert count.startswith("16 kernels (`indexer.*`) compile for sm_80, sm_86 and sm_89: 0 spill bytes")
+    series = {"file": "gpu/kv_gather-h200.json", "path": "results.gather", "field": "pct_of_same_size_copy",
+              "by": "tokens", "unit": "%"}  # fmt: skip
+    assert report.render_series(res, series).startswith("62.5 % (4K), 77.5 % (16K), 87.1 % (48K)")
+    span = {"file": "bench-ab/smoke/summary.json", "path": "runs", "field": "loop_lag.loop_lag_p99_ms",
+            "unit": "ms", "of": "runs"}  # fmt: skip
+    assert report.render_span(res, span) == "1.0–4.6 ms over 40 runs"
