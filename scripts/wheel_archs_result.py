@@ -10,27 +10,19 @@ Usage: python scripts/wheel_archs_result.py [--wheel-dir .cache/wheels] [--out r
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import sys
 import tempfile
 import zipfile
 from pathlib import Path
 
+from fetch_wheel import sha256_of  # scripts/fetch_wheel.py: the one sha256 reader
 from pins import load_pins  # scripts/pins.py: docker/versions.env
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "docker"))
 
 import wheel_archs  # noqa: E402  (docker/wheel_archs.py: the build stage's reader)
-
-
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def read(wheel: Path) -> dict[str, dict[str, str]]:
@@ -55,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     if not wheel.is_file():
         print(f"wheel_archs_result: no {wheel} (make fetch-vllm downloads it)", file=sys.stderr)
         return 2
-    digest = sha256(wheel)
+    digest = sha256_of(wheel)
     if digest != pins["VLLM_WHEEL_SHA256"]:
         print(f"wheel_archs_result: {wheel.name}: sha256 {digest} is not the pinned one", file=sys.stderr)
         return 1
