@@ -18,7 +18,8 @@ invocation writes a new run directory <profile>-<UTC time> unless --run-id names
 then resumed (finished valid runs are skipped). A run directory tracked by git is committed
 evidence and is never written to without --replace-evidence. `--set a.b=v` overrides any profile
 field (YAML value). Exit status: 0 every scheduled run exists (invalid ones are reported with
-`!`, never dropped); 2 bad input; 3 with --strict, any invalid run; 4 runs missing because a
+`!`, never dropped); 2 bad input, or the run directory in use by another harness (its PID is
+named); 3 with --strict, any invalid run; 4 runs missing because a
 server did not start or died (0 runs completed is never 0); 130 interrupted.
 """
 
@@ -31,17 +32,19 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 from deepinfer_harness.cells import format_cell
-from deepinfer_harness.config import ConfigError, Profile, load_profile, parse_numerics
+from deepinfer_harness.config import WORKLOAD_FIELDS, ConfigError, Profile, load_profile, parse_numerics
 from deepinfer_harness.layout import RunLayout
 from deepinfer_harness.manifest import DefinitionMismatch, finalize_manifest, foreign_host, init_manifest
 from deepinfer_harness.plan import abba_schedule, build_cells, session_order
 from deepinfer_harness.run.preflight import CHECKS, check_output
+from deepinfer_harness.strict_json import dumps
 
 DEFAULT_PROFILE = "tiny-v41"  # issue 20: with no profile and no model, the tiny V4.1 A/B on CPU
 TINY_MODEL_DIR = Path(".cache/deepinfer-tiny")
@@ -61,13 +64,9 @@ BUILT_MODELS = {
     "tiny": (TINY_MODEL_DIR, TINY_NOTE, "built by the harness"),
     "tiny-v41": (TINY_V41_DIR, TINY_V41_NOTE, "run make tiny-model"),
 }
+# --corpus: every workload field of the plan (config.WORKLOAD_FIELDS) names the user's file
 SHAREGPT_OVERRIDES = [
-    "plan.prefill.workload=sharegpt",
-    "plan.ttft_workload=sharegpt",
-    "plan.nll_workload=sharegpt",
-    "plan.greedy.workload=sharegpt",
-    "plan.decode.workloads=[sharegpt]",
-    "plan.long_decode.workloads=[sharegpt]",
+    f"{path}=[sharegpt]" if path.endswith("workloads") else f"{path}=sharegpt" for path in WORKLOAD_FIELDS
 ]
 EXIT_OK, EXIT_INPUT, EXIT_STRICT, EXIT_INCOMPLETE, EXIT_INTERRUPTED = 0, 2, 3, 4, 130
 
@@ -91,7 +90,7 @@ def load_with_flags(args: argparse.Namespace) -> Profile:
     if images:
         overrides += ["server.mode=docker"] + [f"server.images.{k}={v}" for k, v in images.items()]
     corpus = getattr(args, "corpus", None)
-    if corpus:  # every prompt from the user's ShareGPT file (cell ids gain -wsharegpt)
+    if corpus:  # every cell's prompts from the user's ShareGPT file (cell ids gain -wsharegpt)
         overrides += [f"corpus_file={json.dumps(str(corpus))}", *SHAREGPT_OVERRIDES]
     return load_profile(args.profile, overrides)
 
@@ -159,31 +158,14 @@ def ensure_built(name: str | None, dry_run: bool) -> str | None:
 
 
 def cmd_bench_ab(args: argparse.Namespace) -> int:
-    from deepinfer_harness.analysis.charts import charts_for_run
-    from deepinfer_harness.analysis.report import build_report, headline
-    from deepinfer_harness.run.preflight import preflight
-    from deepinfer_harness.run.progress import Progress
-    from deepinfer_harness.run.sessions import (
-        RunOptions,
-        describe_resume,
-        dry_run_lines,
-        resume_plan,
-        run_all,
-    )
+    from deepinfer_harness.run.lock import RunLock
 
     profile = load_with_flags(args)
-    progress = Progress(enabled=not args.no_progress)
-    model, note, built = resolve_model(args, profile)
     run_id = args.run_id or default_run_id(profile)
     if "/" in run_id or run_id.startswith(".") or not run_id.strip():
         raise ConfigError(f"--run-id {run_id!r}: a plain directory name is expected")
     layout = RunLayout(Path(args.results) / run_id)
     charts_dir = Path(args.charts) / run_id
-    try:
-        cells = session_order(build_cells(profile), profile.plan.order_seed)
-    except ValueError as exc:  # e.g. two plan entries that make the same cell
-        raise ConfigError(f"profile {profile.name}: {exc}") from exc
-    sessions = abba_schedule(profile.ab.repetitions)
     evidence = tracked_by_git(layout.root) or tracked_by_git(charts_dir)
     if evidence and not args.replace_evidence and not args.dry_run:
         raise ConfigError(
@@ -192,10 +174,58 @@ def cmd_bench_ab(args: argparse.Namespace) -> int:
         )
     skip = frozenset(args.skip_check or [])
     if "output" not in skip:
-        check_output(layout.root)  # before anything is built or started
+        check_output(layout.root)  # before anything is built, locked or started
+    if args.dry_run:  # writes nothing: no lock
+        return _bench_ab(args, profile, layout, charts_dir, evidence, skip)
+    # one harness per run directory: a second invocation with this run id exits 2 naming the holder
+    with RunLock.acquire(Path(args.results), run_id):
+        return _bench_ab(args, profile, layout, charts_dir, evidence, skip)
+
+
+def _stale_servers(args: argparse.Namespace, profile: Profile, run_id: str) -> list[str]:
+    """Servers a killed harness left behind on this run or this run's ports (run/stale.py):
+    stopped when their harness is gone, named when it is alive; a dry run only names them."""
+    from deepinfer_harness.run import stale
+
+    if profile.server.mode == "url":
+        return []
+    ports = {profile.server.ports[v] for v in ("A", "B")}
+    return stale.clear(Path(args.results), run_id, ports, dry_run=args.dry_run)
+
+
+def _bench_ab(
+    args: argparse.Namespace,
+    profile: Profile,
+    layout: RunLayout,
+    charts_dir: Path,
+    evidence: bool,
+    skip: frozenset[str],
+) -> int:
+    from deepinfer_harness.analysis.charts import charts_for_run
+    from deepinfer_harness.analysis.report import build_report, headline, stdout_summary
+    from deepinfer_harness.run.preflight import preflight
+    from deepinfer_harness.run.progress import Progress
+    from deepinfer_harness.run.sessions import (
+        RunOptions,
+        corpus_lines,
+        describe_resume,
+        dry_run_lines,
+        resume_plan,
+        run_all,
+    )
+
+    progress = Progress(enabled=not args.no_progress)
+    model, note, built = resolve_model(args, profile)
+    run_id = layout.root.name
+    try:
+        cells = session_order(build_cells(profile), profile.plan.order_seed)
+    except ValueError as exc:  # e.g. two plan entries that make the same cell
+        raise ConfigError(f"profile {profile.name}: {exc}") from exc
+    sessions = abba_schedule(profile.ab.repetitions)
     build_note = ensure_built(built, args.dry_run)
     if build_note:
         skip |= {"model"}
+    stale_lines = _stale_servers(args, profile, run_id)  # before the port check
     notes = preflight(profile, model, run_id, layout.root, skip)  # every check, in a dry run too
     if args.dry_run:
         lines = dry_run_lines(profile, sessions, cells, model, run_id, layout.root)
@@ -203,10 +233,10 @@ def cmd_bench_ab(args: argparse.Namespace) -> int:
         lines.insert(
             1, f"# preflight passed ({checked})" + (f"; skipped: {', '.join(sorted(skip))}" if skip else "")
         )
-        lines[2:2] = [f"# {n}" for n in notes] + ([build_note] if build_note else [])
+        lines[2:2] = [f"# {n}" for n in [*stale_lines, *notes]] + ([build_note] if build_note else [])
         print("\n".join(lines))
         return EXIT_OK
-    for line in notes:
+    for line in [*stale_lines, *notes, *corpus_lines(profile, cells)]:
         progress.say(line)
     served = profile.served_model_name or model
     if profile.server.mode == "url" and not profile.served_model_name:
@@ -233,7 +263,7 @@ def cmd_bench_ab(args: argparse.Namespace) -> int:
     outcome = run_all(profile, layout, sessions, cells, opts)
     finalize_manifest(layout, profile)
     summary = build_report(layout)
-    print("\n".join(summary["ab_lines"]))
+    print("\n".join(stdout_summary(summary, layout.root)))  # the summary; every row is in ab.md
     for line in summary.get("certificate_lines", []):
         progress.say(line)
     if not args.no_charts and summary["n_runs"]:
@@ -252,17 +282,16 @@ def cmd_bench_ab(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from deepinfer_harness.analysis.report import build_report, headline
+    from deepinfer_harness.analysis.report import build_report, stdout_summary
 
     root = Path(args.run_dir)
     if not (root / "manifest.json").exists():
         raise ConfigError(f"{root} is not a run directory (no manifest.json)")
     numerics = parse_numerics(args.numerics) if args.numerics is not None else None
     summary = build_report(RunLayout(root), numerics)
-    print("\n".join(summary["ab_lines"]))
+    print("\n".join(stdout_summary(summary, root)))  # the summary (headline first); every row: ab.md
     for line in summary.get("certificate_lines", []):
         print(line, file=sys.stderr)
-    print(headline(summary), file=sys.stderr)
     return EXIT_OK
 
 
@@ -291,7 +320,7 @@ def cmd_spec_greedy(args: argparse.Namespace) -> int:
         print(f"{c['cell_id']} {c['variant']}: {c['outputs_compared']} outputs compared, {state}")
     print(f"greedy output with speculation on vs off: {result['status']}")
     if args.out:
-        Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+        Path(args.out).write_text(dumps(result, indent=1) + "\n")
     if result["status"] == "none":
         raise ConfigError("the two runs share no greedy cell with outputs: nothing to compare")
     return EXIT_OK if result["status"] == "ok" else EXIT_STRICT
@@ -362,7 +391,10 @@ def parser() -> argparse.ArgumentParser:
         sp.add_argument("--url", action="append", metavar="A=URL", help="attach to running servers")
         sp.add_argument("--image", action="append", metavar="A=IMAGE", help="docker image per arm")
         sp.add_argument(
-            "--corpus", metavar="FILE", help="ShareGPT JSON/JSONL: every prompt from its human turns"
+            "--corpus",
+            metavar="FILE",
+            help="ShareGPT JSON/JSONL: every cell's prompts from it (chat and rate cells: whole "
+            "conversations; fixed-length cells: windows of its human turns)",
         )
         return sp
 
@@ -432,8 +464,12 @@ def _sigterm(_signum: int, _frame: object) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if threading.current_thread() is threading.main_thread():
+        # a harness started with SIGINT ignored (`trap '' INT` in a script, nohup-like launchers)
+        # inherits SIG_IGN and Python keeps it: Ctrl-C would do nothing. Restore the default.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, _sigterm)
     args = parser().parse_args(argv)
-    signal.signal(signal.SIGTERM, _sigterm)
     try:
         return args.fn(args)
     except (ConfigError, DefinitionMismatch) as exc:

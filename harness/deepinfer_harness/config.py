@@ -452,9 +452,7 @@ class Profile:
                 f"max_model_len {self.max_model_len} < largest ISL+OSL {max(needs)}: "
                 "vLLM would silently clamp max_tokens"
             )
-        used = {p.prefill.workload, p.ttft_workload, p.nll_workload, p.greedy.workload}
-        used |= set(p.decode.workloads) | set(p.long_decode.workloads)
-        used |= {p.rate.workload, p.shared_prefix_workload, p.chat.workload}
+        used = {w for value in workload_settings(p).values() for w in value}
         if "sharegpt" in used and not self.corpus_file:
             raise ConfigError("workload sharegpt needs a corpus file: --corpus FILE (ShareGPT JSON or JSONL)")
         if self.speculative and self.speculative.get("num_speculative_tokens_per_batch_size"):
@@ -619,6 +617,32 @@ def load_profile(name_or_path: str, overrides: list[str] | None = None) -> Profi
         return _build(Profile, data, "")
     except ConfigError as exc:
         raise ConfigError(f"profile {name}: {exc}") from exc
+
+
+# every plan field naming the prompt text of some cells (`--corpus` sets each one to sharegpt);
+# the ones ending in `workloads` are lists (one cell per workload)
+WORKLOAD_FIELDS = (
+    "plan.prefill.workload",
+    "plan.ttft_workload",
+    "plan.nll_workload",
+    "plan.greedy.workload",
+    "plan.decode.workloads",
+    "plan.long_decode.workloads",
+    "plan.rate.workload",
+    "plan.shared_prefix_workload",
+    "plan.chat.workload",
+)
+
+
+def workload_settings(plan: Plan) -> dict[str, list[str]]:
+    """WORKLOAD_FIELDS → the workloads each names (a list for every field)."""
+    out = {}
+    for path in WORKLOAD_FIELDS:
+        value: Any = plan
+        for part in path.split(".")[1:]:
+            value = getattr(value, part)
+        out[path] = list(value) if isinstance(value, list) else [value]
+    return out
 
 
 def profile_dict(profile: Profile) -> dict[str, Any]:

@@ -1,7 +1,8 @@
 """Result layout and the run key; every stage finds its inputs through these paths only.
 
 <run>/{manifest.json, summary.json, ab.json, ab.md, ab.csv, runs.csv, prompts/corpus-<workload>.json}
-<run>/logs/<variant>.s<session>.server.log
+<run>/prompts/conversations-sharegpt.json   (the --corpus conversations chat/rate cells send)
+<run>/logs/<variant>.s<session>.server.{log,pid}  (the pid file while the server runs)
 <run>/cells/<cell_id>/<variant>.r<k>.{jsonl, cell.json, summary.json, metrics.{idle,before,after}.prom.gz}
 <run>/cells/<cell_id>/attempts/<variant>.r<k>.a<n>.*   (set-aside invalid or partial runs)
 """
@@ -14,13 +15,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from deepinfer_harness.strict_json import dumps
+
 _RUN_FILE = re.compile(r"^([AB])\.r(\d+)\.")
 
 
 def write_json(path: Path, data: Any) -> None:
+    """Atomic and strict (strict_json: NaN → null, ±inf → "inf"/"-inf", never a NaN token)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1, sort_keys=True, default=str) + "\n")
+    tmp.write_text(dumps(data, indent=1, sort_keys=True) + "\n")
     tmp.replace(path)
 
 
@@ -62,6 +66,10 @@ class RunLayout:
 
     def corpus(self, workload: str) -> Path:
         return self.root / "prompts" / f"corpus-{workload}.json"
+
+    def conversations(self) -> Path:
+        """The ShareGPT conversations the chat and rate cells send (run/conversations.py)."""
+        return self.root / "prompts" / "conversations-sharegpt.json"
 
     def server_log(self, variant: str, session: int) -> Path:
         return self.root / "logs" / f"{variant}.s{session}.server.log"

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 from deepinfer_harness.cells import EXTRA_FIELDS, Cell
 from deepinfer_harness.config import Profile
 from deepinfer_harness.lengths import nominal
+from deepinfer_harness.sharegpt import CONVERSATIONS
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,11 @@ class CellDef:
                 del data["cell"][name]
         data["cell_id"] = self.id
         return data
+
+    @property
+    def conversation_prompts(self) -> bool:
+        """Sends whole conversations of the user's ShareGPT file, not windows (sharegpt.py)."""
+        return self.params.get("prompts") == CONVERSATIONS
 
     @property
     def definition_sha256(self) -> str:
@@ -89,6 +95,8 @@ def build_cells(profile: Profile) -> list[CellDef]:
                 continue  # all at once: the arrival process makes no difference
             cell = Cell("rate", nominal(r.isl), nominal(r.osl), 1, r.workload, rate, arrival)
             params = {"isl": r.isl, "osl": r.osl, "seed": r.seed, "max_concurrency": r.max_concurrency}
+            if r.workload == "sharegpt" and not isinstance(r.isl, int):  # its own lengths: sharegpt.py
+                params["prompts"] = CONVERSATIONS
             cells.append(CellDef(cell, n=r.n, warmup=r.warmup, params=params))
     for spec in p.shared_prefix:
         cell = Cell(
@@ -98,7 +106,10 @@ def build_cells(profile: Profile) -> list[CellDef]:
     ch = p.chat
     for c in ch.concurrencies:
         cell = Cell("chat", ch.isl, ch.osl, c, ch.workload)
-        cells.append(CellDef(cell, n=max(ch.n, c), params={"thinking": ch.thinking}))
+        params: dict = {"thinking": ch.thinking}
+        if ch.workload == "sharegpt":  # one conversation per request, its own turns: sharegpt.py
+            params["prompts"] = CONVERSATIONS
+        cells.append(CellDef(cell, n=max(ch.n, c), params=params))
     ids = [c.id for c in cells]
     duplicates = {i for i in ids if ids.count(i) > 1}
     if duplicates:

@@ -9,9 +9,18 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
+
+from deepinfer_harness.strict_json import dumps, numbers
+
+# the fields holding text; every other field holds numbers, where "inf" is read back as a number
+TEXT_FIELDS = frozenset(
+    {"cell_id", "variant", "phase", "request_id", "cache_salt", "prompt_sha256", "error", "finish_reason",
+     "system_fingerprint"}
+)  # fmt: skip
 
 
 @dataclass
@@ -70,8 +79,51 @@ class RequestRecord:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> RequestRecord:
+        """A record from its JSON; ±inf written as "inf" / "-inf" (strict_json) is a number again.
+        A record whose timing cannot be computed (a stamp that is not a finite number, a list
+        field holding something else) is read as a failed request naming the field, so the run
+        is reported invalid instead of breaking the report."""
         names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})
+        fields = {k: v if k in TEXT_FIELDS else numbers(v) for k, v in data.items() if k in names}
+        problem = _malformed(fields)
+        record = cls(**fields)
+        if problem and record.error is None:
+            record.error = f"malformed record: {problem}"
+        return record
+
+
+IDENTITY = {"cell_id": "", "variant": "", "rep": -1, "session": -1, "index": -1}  # no default in the class
+
+
+def _finite_number(x: Any) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _malformed(fields: dict[str, Any]) -> str | None:
+    """Repair `fields` in place where a value cannot be used (a list field that is not a list gets
+    its default, a chunk count that is not a finite number is unknown, a server object that is
+    not a mapping is none) and say what made the record's timing unusable, if anything."""
+    problems = [f"missing field {name}" for name in IDENTITY if name not in fields]
+    for name, default in IDENTITY.items():
+        fields.setdefault(name, default)
+    for name in ("t_send_ns", "t_end_ns"):
+        if name in fields and not _finite_number(fields[name]):
+            problems.append(f"{name} = {fields.pop(name)!r}")
+    for name in ("event_times_ns", "tokens_per_chunk", "events_per_read"):
+        if name in fields and not isinstance(fields[name], list):
+            problems.append(f"{name} = {fields.pop(name)!r} (not a list)")
+    times = fields.get("event_times_ns", [])
+    if not all(_finite_number(t) for t in times):
+        problems.append(f"event_times_ns holds {next(t for t in times if not _finite_number(t))!r}")
+        fields["event_times_ns"] = [t for t in times if _finite_number(t)]
+    if "tokens_per_chunk" in fields:
+        fields["tokens_per_chunk"] = [k if _finite_number(k) else None for k in fields["tokens_per_chunk"]]
+    for name in ("server_metrics", "prompt_logprobs"):
+        if fields.get(name) is not None and not isinstance(fields[name], dict):
+            fields[name] = None
+    if fields.get("output_token_ids") is not None and not isinstance(fields["output_token_ids"], list):
+        fields["output_token_ids"] = None
+    return "; ".join(problems) or None
 
 
 class JsonlWriter:
@@ -84,7 +136,7 @@ class JsonlWriter:
         self._fh: TextIO = path.open("a", encoding="utf-8")
 
     def write(self, record: RequestRecord) -> None:
-        self._fh.write(json.dumps(record.to_json(), separators=(",", ":")) + "\n")
+        self._fh.write(dumps(record.to_json(), separators=(",", ":")) + "\n")
         self._fh.flush()
         self.count += 1
 

