@@ -278,7 +278,11 @@ def test_pp_groups_leave_the_spinning_shared_memory_channel() -> None:
         def _all_group_ranks_share_shm_group_name(self) -> bool:
             return True
 
-    _pp_over_gloo(SimpleNamespace(CpuCommunicator=Comm))
+    class Shm:
+        def all_gather_into_tensor(self, output, input, group=None) -> None:
+            raise AssertionError("shared-memory all-gather called")
+
+    _pp_over_gloo(SimpleNamespace(CpuCommunicator=Comm, _CPUSHMDistributed=Shm))
     for name, shared in (("pp:0", False), ("tp:1", True)):
         comm = Comm()
         comm.unique_name = name

@@ -71,6 +71,9 @@ def _embeds() -> torch.Tensor:
 
 
 def _pipeline(partition: tuple[int, ...], monkeypatch, crossed: list[set[str]]) -> tuple:
+    from deepinfer_sm80.integration.pp import engine
+
+    monkeypatch.setattr(engine, "_RUNTIMES", {})  # no replicating stage in this process (other tests' runs)
     forward = wrap_forward(ToyV41.forward)
     x = _embeds()
     received = None
@@ -108,6 +111,10 @@ def test_drafter_sees_the_single_stage_inputs(partition, monkeypatch) -> None:
         assert keys == {"hidden_states"} | {f"aux_hidden_states_{i}" for i in range(n)}, (cut, keys)
 
 
+def test_the_flag_row_turns_upstreams_false_into_true() -> None:
+    assert aux.supports_aux_over_pp(EagleModelMixin.supports_aux_hidden_states_over_pp) is True
+
+
 def test_upstream_forward_alone_loses_the_remote_aux(monkeypatch) -> None:
     """Without the relay ends (upstream's V4.1 forward), the last stage of 4,2 hands the drafter only its
     own aux state: the list the drafter would index is short (the failure the row answers)."""
@@ -128,6 +135,9 @@ class ToyCapturingFirst(ToyV41):
 
 
 def test_a_stage_capturing_other_layers_is_refused(monkeypatch) -> None:
+    from deepinfer_sm80.integration.pp import engine
+
+    monkeypatch.setattr(engine, "_RUNTIMES", {})
     model = ToyCapturingFirst(3, 4, 3, 1, monkeypatch)  # the middle stage of 3,1,2
     received = IntermediateTensors({"hidden_states": _embeds(), "aux_hidden_states_0": _embeds()})
     with pytest.raises(aux.AuxRelayError, match=r"captured aux states of layers \[3, 4\]"):

