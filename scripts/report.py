@@ -542,10 +542,52 @@ def render_e2e_summary(res: Results, args: dict[str, str]) -> str:
     return text + f"; wall {doc['wall_s']:.0f} s"
 
 
+def _span(values: list[float]) -> str:
+    lo, hi = min(values), max(values)
+    return f"{lo:.2f}×" if f"{lo:.2f}" == f"{hi:.2f}" else f"{lo:.2f}–{hi:.2f}×"
+
+
+def render_headline(res: Results, args: dict[str, str]) -> str:
+    """One line per kernel (op) of the listed GPU JSONs: ours against upstream's kernel and against the
+    base level, each the span of time ratios (their µs over ours, > 1 = ours faster) over every shape
+    and size timed for both, and the file's targets met. Ours = the DeepInfer row where the op has one,
+    else the base row (the op ships at the base level). `ops=` keeps those ops, each of which must exist."""
+    out: list[list[str]] = []
+    seen: set[str] = set()
+    for rel in _list(args, "files") or [_need(args, "file")]:
+        doc = res.json(rel)
+        rows = [r for r in doc.get("rows", []) if isinstance(r, dict) and r.get("us")]
+        if not rows:
+            raise ReportError(f"results/{rel}: no timed rows")
+        ops = list(dict.fromkeys(r["op"] for r in rows))
+        if wanted := _list(args, "ops"):
+            ops = [o for o in ops if o in wanted]
+        targets = doc.get("targets") or []
+        met = f"{sum(bool(t['met']) for t in targets)} of {len(targets)}" if targets else "–"
+        for op in ops:
+            by = {(r["shape"], r["size"], r["impl"]): r["us"] for r in rows if r["op"] == op}
+            ours = "deepinfer" if any(k[2] == "deepinfer" for k in by) else "base"
+            spans = []
+            for other in ("upstream", "base"):
+                if other == ours:
+                    spans.append("–")
+                    continue
+                ratios = [by[(sh, sz, other)] / us for (sh, sz, impl), us in by.items()
+                          if impl == ours and (sh, sz, other) in by]  # fmt: skip
+                spans.append(f"{_span(ratios)} ({len(ratios)})" if ratios else "–")
+            out.append([f"`{op}`", NAME[ours], *spans, met, f"`{rel}`"])
+            seen.add(op)
+    if missing := [o for o in _list(args, "ops") if o not in seen]:
+        raise ReportError(f"no timed rows of op(s) {missing} in {_list(args, 'files') or [args['file']]}")
+    header = ["kernel", "ours", "× upstream (shapes)", "× base (shapes)", "file's targets met", "file"]
+    return table(header, out)
+
+
 RENDERERS: dict[str, Callable[[Results, dict[str, str]], str]] = {
     "e2e-cases": render_e2e_cases,
     "e2e-summary": render_e2e_summary,
     "rows": render_rows,
+    "headline": render_headline,
     "grid": render_grid,
     "targets": render_targets,
     "setup": render_setup,

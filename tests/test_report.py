@@ -43,7 +43,7 @@ def tree(tmp_path):
 
 
 def test_a_hand_edited_number_in_a_region_fails(tree):
-    readme = tree / "README.md"
+    readme = tree / "docs" / "RESULTS.md"
     text = readme.read_text()
     start = text.index("<!-- report:rows file=gpu/kv_gather-h200.json")
     row = text.index("| bs128 |", start)
@@ -52,10 +52,15 @@ def test_a_hand_edited_number_in_a_region_fails(tree):
     cells[2] = cells[2] + "1"  # one digit more in the DeepInfer µs cell, whatever the run measured
     readme.write_text(text[:row] + " | ".join(cells) + text[end:])
     proc = _check(tree)
-    assert proc.returncode == 1 and "README.md: report:rows file=gpu/kv_gather-h200.json" in proc.stdout
+    assert proc.returncode == 1 and "docs/RESULTS.md: report:rows file=gpu/kv_gather-h200.json" in proc.stdout
+
+
+def _headline(tree, op: str) -> str:
+    return next(ln for ln in (tree / "README.md").read_text().splitlines() if ln.startswith(f"| `{op}`"))
 
 
 def test_a_changed_result_fails_until_rendered(tree):
+    before = _headline(tree, "kv_gather")
     path = tree / "results/gpu/kv_gather-h200.json"
     doc = json.loads(path.read_text())
     row = next(r for r in doc["rows"] if r["impl"] == "deepinfer" and r["size"] == 49152)
@@ -64,7 +69,21 @@ def test_a_changed_result_fails_until_rendered(tree):
     assert _check(tree).returncode == 1
     subprocess.run([sys.executable, str(SCRIPT), "--root", str(tree)], check=True, capture_output=True)
     assert _check(tree).returncode == 0
-    assert f"| {report.num(row['us'])} |" in (tree / "README.md").read_text()
+    assert f"| {report.num(row['us'])} |" in (tree / "docs" / "RESULTS.md").read_text()
+    assert _headline(tree, "kv_gather") != before  # README's headline span follows the JSON too
+
+
+def test_headline_spans_ratios_over_shapes_and_refuses_a_missing_op(tree):
+    res = report.Results(tree)
+    rel = "gpu/kv_gather-h200.json"
+    rows = [r for r in res.json(rel)["rows"] if r["op"] == "kv_gather"]
+    us = {(r["shape"], r["size"], r["impl"]): r["us"] for r in rows}
+    ups = [us[(sh, sz, "upstream")] / v for (sh, sz, i), v in us.items() if i == "deepinfer"]
+    line = report.render_headline(res, {"files": rel, "ops": "kv_gather"}).splitlines()[-1]
+    assert line.startswith("| `kv_gather` | DeepInfer")
+    assert f"{min(ups):.2f}–{max(ups):.2f}× ({len(ups)})" in line
+    with pytest.raises(report.ReportError, match="no timed rows of op"):
+        report.render_headline(res, {"files": rel, "ops": "kv_gather,nope"})
 
 
 def test_a_bad_marker_fails_in_one_line(tree):
@@ -113,7 +132,8 @@ def test_records_fill_missing_columns_and_refuse_an_empty_selection(tree):
 # Measured sections whose figures the renderer owns: outside its regions (and code), no measured
 # number — no decimal, no µs / ms / × / % / TB/s / GB figure — may be written by hand.
 MEASURED_SECTIONS = {
-    "README.md": ("## Results on the H200", "## Images"),
+    "README.md": ("## Headline results", "## Topologies"),
+    "docs/RESULTS.md": ("# Results on the H200", None),
     "docs/SPARSE_MLA.md": ("## Measured", None),
     "docs/INDEXER.md": ("* H200 (**not our pins**", "## Wiring at the DeepInfer level"),
     "docs/DSPARK.md": ("## Measured", "Next GPU run"),
