@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from deepinfer_harness.cells import ARRIVALS, DEFAULT_WORKLOAD, WORKLOADS, format_rate
+from deepinfer_harness.cells import ARRIVALS, DEFAULT_WORKLOAD, RAMPS, WORKLOADS, format_rate, id_number_error
 from deepinfer_harness.lengths import length_error, max_length
 from deepinfer_harness.metric_table import default_deltas
 from deepinfer_harness.topology import (
@@ -223,6 +223,62 @@ Length = int | dict[str, float]  # an integer, {mean, std, min, max} or {min, ma
 SLO_KEYS = ("ttft_ms", "tpot_ms", "e2el_ms")
 
 
+MAX_SWEEP_POINTS = 50
+MAX_DURATION_REQUESTS = 1_000_000  # requests one duration-bounded cell may schedule (arrivals.py)
+
+
+def _id_numbers(name: str, values: list[float], what: str, allow_inf: bool = False) -> None:
+    """Positive, distinct, and written exactly in a cell id (at most 6 significant digits)."""
+    for v in values:
+        _require(v > 0, name, values, f"every {what} must be > 0")
+        error = id_number_error(v, finite=not allow_inf)
+        _require(error is None, name, values, f"{error} (a cell id must name it exactly)")
+    _require(len(set(values)) == len(values), name, values, "must not repeat")
+
+
+@dataclass
+class Ramp:
+    """`vllm bench serve --ramp-up-strategy S --ramp-up-start-rps A --ramp-up-end-rps B`: the
+    request rate moves from start_rps to end_rps over the cell's requests (or its duration)."""
+
+    strategy: str = "linear"  # linear | exponential
+    start_rps: float = 1.0
+    end_rps: float = 2.0
+
+    def __post_init__(self) -> None:
+        name = "plan.rate.ramps[]"
+        _require(self.strategy in RAMPS, f"{name}.strategy", self.strategy, f"allowed {list(RAMPS)}")
+        for key in ("start_rps", "end_rps"):
+            value = getattr(self, key)
+            _require(math.isfinite(value) and value > 0, f"{name}.{key}", value, "must be a finite rate > 0")
+            error = id_number_error(value)
+            _require(error is None, f"{name}.{key}", value, f"{error} (a cell id must name it exactly)")
+        _require(
+            self.start_rps < self.end_rps,
+            f"{name}.end_rps",
+            self.end_rps,
+            f"must be > start_rps {self.start_rps:g} (a constant rate is plan.rate.rates)",
+        )
+
+
+@dataclass
+class RateSweep:
+    """GuideLLM's sweep: the all-at-once rate cell (`.inf`, capped by max_concurrency when set)
+    measures the most requests/s the server completes; `points` rates evenly below it (k/(points+1)
+    of it, k = 1 … points) follow, each a rate cell compared A/B. The first valid probe run in
+    schedule order decides the rates, once; the run's manifest records them (resume reads them)."""
+
+    points: int = 0  # 0: no sweep
+
+    def __post_init__(self) -> None:
+        _require(
+            0 <= self.points <= MAX_SWEEP_POINTS,
+            "plan.rate.sweep.points",
+            self.points,
+            f"must be 0 (no sweep) .. {MAX_SWEEP_POINTS}",
+        )
+
+
 @dataclass
 class RatePlan:
     """Open loop (vllm bench serve --request-rate): n requests per cell sent at seeded arrival times,
@@ -237,6 +293,17 @@ class RatePlan:
     max_concurrency: int | None = None  # a cap on requests in flight (vllm bench --max-concurrency)
     seed: int = 0
     workload: str = DEFAULT_WORKLOAD
+    # arrival gamma: one cell per factor (vllm bench serve --burstiness; 1 = its Poisson process)
+    burstiness: list[float] = field(default_factory=lambda: [1.0])
+    ramps: list[Ramp] = field(default_factory=list)  # one ramp cell each (per arrival)
+    # duration-bounded cells next to the count-bounded ones: each finite rate and ramp, per duration
+    durations_s: list[float] = field(default_factory=list)
+    sweep: RateSweep = field(default_factory=RateSweep)
+
+    @property
+    def active(self) -> bool:
+        """The plan makes rate cells (fixed rates, ramps or a sweep)."""
+        return bool(self.rates or self.ramps or self.sweep.points)
 
     def __post_init__(self) -> None:
         _workload("plan.rate.workload", self.workload)
@@ -252,6 +319,8 @@ class RatePlan:
         for a in self.arrivals:
             _require(a in ARRIVALS, "plan.rate.arrivals", self.arrivals, f"allowed {list(ARRIVALS)}")
         _require(bool(self.arrivals), "plan.rate.arrivals", self.arrivals, "needs at least one")
+        unique = len(set(self.arrivals)) == len(self.arrivals)
+        _require(unique, "plan.rate.arrivals", self.arrivals, "must not repeat")
         for name in ("isl", "osl"):
             error = length_error(f"plan.rate.{name}", getattr(self, name))
             if error:
@@ -262,6 +331,38 @@ class RatePlan:
             _require(
                 self.max_concurrency >= 1, "plan.rate.max_concurrency", self.max_concurrency, "must be >= 1"
             )
+        self._check_shapes()
+
+    def _check_shapes(self) -> None:
+        """burstiness, ramps, durations_s (sweep checks its own points)."""
+        _require(bool(self.burstiness), "plan.rate.burstiness", self.burstiness, "needs at least one")
+        _id_numbers("plan.rate.burstiness", self.burstiness, "burstiness (gamma shape)", allow_inf=True)
+        _require(
+            "gamma" in self.arrivals or self.burstiness == [1.0],
+            "plan.rate.burstiness",
+            self.burstiness,
+            "applies to arrival gamma only (vllm bench serve's gamma process, 1 = its Poisson): "
+            "add gamma to plan.rate.arrivals",
+        )
+        ramps = [(x.strategy, x.start_rps, x.end_rps) for x in self.ramps]
+        _require(len(set(ramps)) == len(ramps), "plan.rate.ramps", ramps, "must not repeat")
+        _id_numbers("plan.rate.durations_s", self.durations_s, "duration (seconds)")
+        bounded = [r for r in self.rates if math.isfinite(r)] + [x.end_rps for x in self.ramps]
+        _require(
+            not self.durations_s or bool(bounded),
+            "plan.rate.durations_s",
+            self.durations_s,
+            "needs a finite rate or a ramp to bound (.inf sends every request at once; sweep points "
+            "are count-bounded: their rate is measured during the run)",
+        )
+        for d in self.durations_s:
+            for r in bounded:
+                _require(
+                    r * d <= MAX_DURATION_REQUESTS,
+                    "plan.rate.durations_s",
+                    self.durations_s,
+                    f"{r:g} requests/s for {d:g} s is over {MAX_DURATION_REQUESTS} requests in one cell",
+                )
 
 
 @dataclass
@@ -442,7 +543,7 @@ class Profile:
             needs.append(p.long_decode.isl + p.long_decode.osl)
         if p.greedy.concurrencies:
             needs.append(p.greedy.isl + p.greedy.osl)
-        if p.rate.rates:
+        if p.rate.active:
             needs.append(max_length(p.rate.isl) + max_length(p.rate.osl))
         needs += [s["isl"] + s["osl"] for s in p.shared_prefix]
         if p.chat.concurrencies:  # the template adds a few tokens around the message
@@ -460,7 +561,7 @@ class Profile:
         flags = self.serve_flags
         decode_c = [*p.decode.concurrencies, *p.long_decode.concurrencies]
         decode_c += [s["c"] for s in p.shared_prefix] + p.chat.concurrencies
-        if p.rate.rates and p.rate.max_concurrency:
+        if p.rate.active and p.rate.max_concurrency:
             decode_c.append(p.rate.max_concurrency)
         if "--max-num-seqs" in flags and decode_c:
             at = flags.index("--max-num-seqs") + 1

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from deepinfer_harness.cells import KINDS
 
 ALL_BUT_NLL = tuple(k for k in KINDS if k != "nll")  # goodput: an NLL request has no latency target
+# the kinds that generate past the first token: speculative decoding drafts only there
+GENERATING = ("decode", "greedy", "rate", "prefix", "chat")
 
 
 @dataclass(frozen=True)
@@ -32,6 +34,8 @@ class Metric:
     only_when_present: bool = False  # compared where a run has it (goodput: only when plan.slo is set)
     delta: float | None = None  # the default relative change the power analysis is sized for (ab.deltas)
     per_position: bool = False  # a family `<name><i>`, i = 0, 1, … (one row per draft position)
+    # kinds among `compared` whose rows appear only where a run has the key (a server that drafts)
+    when_present: tuple[str, ...] = ()
 
     def key(self, aggregate: str = "") -> str:
         return f"{aggregate}_{self.name}" if aggregate else self.name
@@ -106,7 +110,15 @@ METRICS: dict[str, Metric] = {
             "spec_decode_acceptance_length",
             True,
             "1 + Δaccepted tokens / Δdrafts (Prometheus counters)",
-            compared={"decode": ("",)},
+            compared={k: ("",) for k in GENERATING},
+            when_present=tuple(k for k in GENERATING if k != "decode"),
+        ),
+        Metric(
+            "spec_decode_acceptance_rate",
+            True,
+            "100 × Δaccepted tokens / Δdraft tokens (%, Prometheus counters)",
+            compared={k: ("",) for k in GENERATING},
+            only_when_present=True,
         ),
         Metric(
             "ttft_under_load_ms", False, "median TTFT of a decode cell's requests", compared={"decode": ("",)}
@@ -156,7 +168,7 @@ METRICS: dict[str, Metric] = {
             "spec_decode_accept_p",
             True,
             "Δaccepted tokens at draft position i / Δdrafts (the acceptance gate per position)",
-            compared={"decode": ("",)},
+            compared={k: ("",) for k in GENERATING},
             only_when_present=True,
             per_position=True,
         ),
@@ -176,7 +188,7 @@ def compared(kind: str, keys_present: set[str], percentiles: tuple[float, ...]) 
     compared only where a run has them (goodput; acceptance per draft position)."""
     fixed: list[str] = []
     for m in METRICS.values():
-        if not m.only_when_present:
+        if not m.only_when_present and kind not in m.when_present:
             fixed += [m.key(a) for a in m.compared.get(kind, ())]
     for m in METRICS.values():
         if kind in m.percentiles_in:
@@ -184,7 +196,7 @@ def compared(kind: str, keys_present: set[str], percentiles: tuple[float, ...]) 
     present = [
         m.key(a)
         for m in METRICS.values()
-        if m.only_when_present and not m.per_position
+        if (m.only_when_present or kind in m.when_present) and not m.per_position
         for a in m.compared.get(kind, ())
         if m.key(a) in keys_present
     ]

@@ -12,11 +12,12 @@ import hashlib
 import json
 import math
 import random
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
+from deepinfer_harness.arrivals import schedule
 from deepinfer_harness.cells import EXTRA_FIELDS, Cell
-from deepinfer_harness.config import Profile
-from deepinfer_harness.lengths import nominal
+from deepinfer_harness.config import Profile, RatePlan
+from deepinfer_harness.lengths import nominal, stable_seed
 from deepinfer_harness.sharegpt import CONVERSATIONS
 
 
@@ -41,6 +42,11 @@ class CellDef:
                 del data["cell"][name]
         data["cell_id"] = self.id
         return data
+
+    @property
+    def sweep_probe(self) -> str | None:
+        """A sweep point's probe cell (its rate is k/N of what that cell measured), else None."""
+        return self.params.get("sweep_probe")
 
     @property
     def conversation_prompts(self) -> bool:
@@ -88,16 +94,7 @@ def build_cells(profile: Profile) -> list[CellDef]:
     g = p.greedy
     for c in g.concurrencies:
         cells.append(CellDef(Cell("greedy", g.isl, g.osl, c, g.workload), n=max(g.n, c), warmup=0))
-    r = p.rate
-    for arrival in r.arrivals:
-        for rate in r.rates:
-            if math.isinf(rate) and arrival != r.arrivals[0]:
-                continue  # all at once: the arrival process makes no difference
-            cell = Cell("rate", nominal(r.isl), nominal(r.osl), 1, r.workload, rate, arrival)
-            params = {"isl": r.isl, "osl": r.osl, "seed": r.seed, "max_concurrency": r.max_concurrency}
-            if r.workload == "sharegpt" and not isinstance(r.isl, int):  # its own lengths: sharegpt.py
-                params["prompts"] = CONVERSATIONS
-            cells.append(CellDef(cell, n=r.n, warmup=r.warmup, params=params))
+    cells += rate_cells(p.rate)
     for spec in p.shared_prefix:
         cell = Cell(
             "prefix", spec["isl"], spec["osl"], spec["c"], p.shared_prefix_workload, prefix=spec["prefix"]
@@ -117,11 +114,60 @@ def build_cells(profile: Profile) -> list[CellDef]:
     return cells
 
 
+def rate_cells(r: RatePlan) -> list[CellDef]:
+    """The open-loop cells: per arrival process (and, for gamma, per burstiness) one count-bounded
+    cell per rate, one per ramp, one duration-bounded cell per finite rate or ramp and duration,
+    and the sweep's points; rate inf (all at once) once, for the first process."""
+    params: dict = {"isl": r.isl, "osl": r.osl, "seed": r.seed, "max_concurrency": r.max_concurrency}
+    if r.workload == "sharegpt" and not isinstance(r.isl, int):  # its own lengths: sharegpt.py
+        params["prompts"] = CONVERSATIONS
+    processes = [
+        {"arrival": a, "burstiness": b if a == "gamma" else 0.0}
+        for a in r.arrivals
+        for b in (r.burstiness if a == "gamma" else [0.0])
+    ]
+    # all at once: the arrival process makes no difference, so rate inf is the first process's
+    base = Cell("rate", nominal(r.isl), nominal(r.osl), 1, r.workload, math.inf, **processes[0])
+    probe = base
+    out: list[CellDef] = []
+    for process in processes:
+        for rate in r.rates:
+            if math.isinf(rate) and process != processes[0]:
+                continue
+            out.append(CellDef(replace(base, rate=rate, **process), n=r.n, warmup=r.warmup, params=params))
+        shapes = [{"rate": x, "ramp": "", "ramp_end": 0.0} for x in r.rates if math.isfinite(x)]
+        ramps = [{"rate": x.start_rps, "ramp": x.strategy, "ramp_end": x.end_rps} for x in r.ramps]
+        for ramp in ramps:
+            out.append(CellDef(replace(base, **process, **ramp), n=r.n, warmup=r.warmup, params=params))
+        for d in r.durations_s:
+            for shape in shapes + ramps:
+                cell = replace(base, **process, **shape, duration_s=d)
+                n = len(schedule(cell, 0, rate_seed(r.seed, cell)))  # the seeded schedule's own count
+                if n == 0:
+                    raise ValueError(f"{cell.id} schedules no request in {d:g} s: lengthen the duration")
+                out.append(CellDef(cell, n=n, warmup=r.warmup, params=params))
+        if r.sweep.points:
+            of = r.sweep.points + 1
+            for k in range(1, of):
+                cell = replace(base, rate=0.0, **process, sweep_k=k, sweep_of=of)
+                sweep = params | {"sweep_probe": probe.id}  # the cell whose throughput sets the rate
+                out.append(CellDef(cell, n=r.n, warmup=r.warmup, params=sweep))
+    if r.sweep.points and probe.id not in {c.id for c in out}:
+        out.append(CellDef(probe, n=r.n, warmup=r.warmup, params=params))
+    return out
+
+
+def rate_seed(seed: int, cell: Cell) -> int:
+    """The arrival schedule's seed of a rate cell (lengths take the ones before it: run_rate)."""
+    return stable_seed(seed, cell.id) + 2
+
+
 def session_order(cells: list[CellDef], seed: int) -> list[CellDef]:
-    """One fixed shuffled order, used by every session of the run."""
+    """One fixed shuffled order, used by every session of the run; sweep points go last, after
+    the probe that sets their rates (a plan without a sweep keeps its order unchanged)."""
     order = sorted(cells, key=lambda c: c.id)
     random.Random(seed).shuffle(order)
-    return order
+    return [c for c in order if not c.cell.is_sweep_point] + [c for c in order if c.cell.is_sweep_point]
 
 
 def abba_schedule(repetitions: int) -> list[Session]:

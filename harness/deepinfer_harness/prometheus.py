@@ -13,6 +13,17 @@ from prometheus_client.parser import text_string_to_metric_families
 
 _DROP_LABELS = ("engine", "model_name")
 
+# vLLM 0.32.0's speculative-decoding counters (v1/spec_decode/metrics.py, SpecDecodingProm; a
+# prometheus_client Counter is exposed with `_total`): one draft is one proposal of K tokens,
+# accepted tokens are the drafted tokens the verifier kept, per position with label `position`
+# (0 … K − 1). Deltas over a run give its acceptance length 1 + accepted/drafts and rate
+# accepted/draft tokens (run_summary.spec_decode).
+SPEC_DRAFTS = "vllm:spec_decode_num_drafts_total"
+SPEC_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
+SPEC_ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
+SPEC_ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+SPEC_DECODE_COUNTERS = (SPEC_DRAFTS, SPEC_DRAFT_TOKENS, SPEC_ACCEPTED, SPEC_ACCEPTED_PER_POS)
+
 
 def _key(name: str, labels: dict[str, str]) -> str:
     kept = sorted((k, v) for k, v in labels.items() if k not in _DROP_LABELS)

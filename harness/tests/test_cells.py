@@ -20,7 +20,9 @@ def cells(draw):
     if kind == "rate":
         tenths = draw(st.integers(1, 10_000))
         rate = draw(st.sampled_from([tenths / 10, float(tenths), float("inf")]))
-        return Cell(kind, isl, draw(sizes), 1, rate=rate, arrival=draw(st.sampled_from(ARRIVALS)))
+        arrival = draw(st.sampled_from(ARRIVALS))
+        burstiness = draw(st.sampled_from([0.5, 1.0, 4.0, float("inf")])) if arrival == "gamma" else 0.0
+        return Cell(kind, isl, draw(sizes), 1, rate=rate, arrival=arrival, burstiness=burstiness)
     if kind == "prefix":
         isl = max(isl, 2)
         return Cell(kind, isl, draw(sizes), draw(st.integers(1, 64)), prefix=draw(st.integers(1, isl - 1)))

@@ -134,11 +134,21 @@ def _cells(manifest: dict[str, Any], runs: list[dict[str, Any]], parity_ok: bool
         cell_runs = {(r["variant"], r["rep"]): r for r in runs if r["cell_id"] == cell_id}
         sha = definitions.get(cell_id, {}).get("definition_sha256")
         same_def = all(r.get("definition_sha256") == sha for r in cell_runs.values())
+        # a sweep point's definition is k/N of a measured rate: its runs must have been sent at
+        # one rate (the run's recorded decision, run/sweep.py), or they measure different loads
+        same_def = same_def and len(_sweep_rates(cell_id, cell_runs.values())) <= 1
         kind = (
             definitions[cell_id]["kind"] if cell_id in definitions else next(iter(cell_runs.values()))["kind"]
         )
         out.append(CellRuns(cell_id, kind, cell_runs, expected, parity_ok and same_def))
     return out
+
+
+def _sweep_rates(cell_id: str, runs: Any) -> set[float]:
+    """The rates a sweep point's runs were sent at (empty for any other cell)."""
+    if not cell_id.startswith("rate-") or not parse_cell(cell_id).is_sweep_point:
+        return set()
+    return {float(r["offered_rate"]) for r in runs if isinstance(r.get("offered_rate"), int | float)}
 
 
 def build_report(layout: RunLayout, numerics_tolerances: dict[str, float] | None = None) -> dict[str, Any]:
@@ -211,6 +221,13 @@ def build_report(layout: RunLayout, numerics_tolerances: dict[str, float] | None
     }
     summary["acceptance_by_workload"] = acceptance_by_workload(runs)
     summary["rate_sweep"] = rate_sweep(runs)
+    if any(r.get("kind") == "rate" for r in runs):
+        sweeps = manifest.get("sweeps") or {}
+        summary["sweeps"] = sweeps  # the sweep rates the run decided once (run/sweep.py)
+        summary["rate_verdicts"] = rate_verdicts(runs, ab["rows"], sweeps)
+    spec_cells = spec_decode_by_cell(runs, ab["rows"])
+    if spec_cells:
+        summary["spec_decode"] = {"by_cell": spec_cells, "by_workload": spec_decode_by_workload(runs)}
     summary["targets"] = targets(summary, parity)
     write_json(layout.summary, summary)
     write_tables(layout, runs, ab, summary)
@@ -310,25 +327,42 @@ def acceptance_by_workload(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 SATURATION = 0.9  # rate_attainment below 0.9: the run outlasted its schedule by > 10 % (a queue)
 
 
+def _sweep_line(r: dict[str, Any]) -> tuple[str, float, float, str, str, float] | None:
+    """(arrival, burstiness, duration bound, workload, variant, offered rate) of a valid rate run
+    with one offered rate (a ramp has none), else None."""
+    if r.get("kind") != "rate" or not r["validity"]["valid"]:
+        return None
+    cell = parse_cell(r["cell_id"])
+    rate = r.get("offered_rate", cell.rate)
+    rate = math.inf if rate == "inf" else rate
+    if cell.ramp or not isinstance(rate, int | float) or not rate > 0:
+        return None
+    return cell.arrival, cell.burstiness, cell.duration_s, cell.workload, r["variant"], float(rate)
+
+
 def rate_sweep(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The open-loop sweep per arrival process and arm, by offered rate (valid runs, means over
-    reps): achieved request rate, goodput, median TTFT and TPOT, rate attainment, and the
-    saturation point — the lowest offered rate whose mean rate_attainment is below SATURATION."""
-    groups: dict[tuple[str, str, str, float], list[dict[str, Any]]] = {}
+    """The open-loop sweep per arrival process (and burstiness, and duration bound) and arm, by
+    offered rate (valid runs, means over reps; a sweep point at the rate its run recorded):
+    achieved request rate, goodput, median TTFT and TPOT, rate attainment, and the saturation
+    point — the lowest offered rate whose mean rate_attainment is below SATURATION. Ramps have no
+    one offered rate and are left out (their A/B rows are in the table)."""
+    groups: dict[tuple[str, float, float, str, str, float], list[dict[str, Any]]] = {}
     for r in runs:
-        if r.get("kind") == "rate" and r["validity"]["valid"]:
-            cell = parse_cell(r["cell_id"])
-            groups.setdefault((cell.arrival, cell.workload, r["variant"], cell.rate), []).append(r)
+        line = _sweep_line(r)
+        if line is not None:
+            groups.setdefault(line, []).append(r)
 
     def mean(rows: list[dict[str, Any]], key: str) -> float | None:
         vals = [x[key] for x in rows if isinstance(x.get(key), int | float) and math.isfinite(x[key])]
         return sum(vals) / len(vals) if vals else None
 
     out = []
-    for arrival, workload, variant in sorted({k[:3] for k in groups}):
+    for arrival, burstiness, duration, workload, variant in sorted({k[:5] for k in groups}):
         points = []
-        for rate in sorted(k[3] for k in groups if k[:3] == (arrival, workload, variant)):
-            rows = groups[(arrival, workload, variant, rate)]
+        for rate in sorted(
+            k[5] for k in groups if k[:5] == (arrival, burstiness, duration, workload, variant)
+        ):
+            rows = groups[(arrival, burstiness, duration, workload, variant, rate)]
             points.append(
                 {
                     "offered_rate": rate,
@@ -345,17 +379,164 @@ def rate_sweep(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             for p in points
             if p["rate_attainment"] is not None and p["rate_attainment"] < SATURATION
         ]
+        line = {
+            "arrival": arrival,
+            "workload": workload,
+            "variant": variant,
+            "rate_unit": "requests/s",  # offered_rate inf (every request at once) is "inf" in JSON
+            "points": points,
+            "saturated_at": min(behind) if behind else None,
+        }
+        if arrival == "gamma":
+            line["burstiness"] = burstiness
+        if duration:
+            line["duration_s"] = duration
+        out.append(line)
+    return out
+
+
+# the rows the per-rate A/B verdict shows, in order (each where the cell has it)
+RATE_VERDICT_METRICS = (
+    "request_throughput",
+    "output_throughput",
+    "goodput_req_s",
+    "median_ttft_ms",
+    "mean_tpot_ms",
+    "median_e2el_ms",
+    "spec_decode_acceptance_length",
+)
+
+
+def rate_verdicts(
+    runs: list[dict[str, Any]], rows: list[dict[str, Any]], sweeps: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """The A/B verdict per offered rate: every rate cell (fixed rates, sweep points, ramps,
+    duration-bounded cells), ordered by process, bound and rate, with its offered rate, both arms'
+    achieved request rate and the ratio, CI and mark of each of RATE_VERDICT_METRICS."""
+    by_cell: dict[str, dict[str, dict[str, Any]]] = {}
+    for row in rows:
+        by_cell.setdefault(row["cell_id"], {})[row["metric"]] = row
+    rates: dict[str, list[float]] = {}
+    for r in runs:
+        value = r.get("offered_rate")
+        if r.get("kind") == "rate" and isinstance(value, int | float) and r["validity"]["valid"]:
+            rates.setdefault(r["cell_id"], []).append(float(value))
+    out = []
+    for cell_id in sorted({r["cell_id"] for r in runs if r.get("kind") == "rate"}):
+        cell = parse_cell(cell_id)
+        offered = rates.get(cell_id) or []
+        if cell.is_sweep_point:
+            decision = sweeps.get(
+                str(next((r.get("sweep_probe") for r in runs if r["cell_id"] == cell_id), ""))
+            )
+            recorded = (decision or {}).get("rates", {}).get(cell_id)
+            rate = recorded if recorded is not None else (offered[0] if offered else None)
+        else:
+            rate = None if cell.ramp else cell.rate
+        cell_rows = by_cell.get(cell_id, {})
+        throughput = cell_rows.get("request_throughput")
         out.append(
             {
-                "arrival": arrival,
-                "workload": workload,
-                "variant": variant,
-                "rate_unit": "requests/s",  # offered_rate inf (every request at once) is "inf" in JSON
-                "points": points,
-                "saturated_at": min(behind) if behind else None,
+                "cell_id": cell_id,
+                "arrival": cell.arrival,
+                "burstiness": cell.burstiness if cell.arrival == "gamma" else None,
+                "bound": "duration" if cell.duration_s else "count",
+                "duration_s": cell.duration_s or None,
+                "ramp": (
+                    {"strategy": cell.ramp, "start_rps": cell.rate, "end_rps": cell.ramp_end}
+                    if cell.ramp
+                    else None
+                ),
+                "sweep_point": f"{cell.sweep_k}/{cell.sweep_of}" if cell.is_sweep_point else None,
+                "offered_rate": rate,
+                "rate_unit": "requests/s",
+                "achieved": {  # request_throughput, mean over the arm's valid runs
+                    v: throughput[v.lower()]["estimate"] if throughput else None for v in ("A", "B")
+                },
+                "verdict": {
+                    m: {k: cell_rows[m][k] for k in ("ratio", "ci_low", "ci_high", "n_pairs", "mark", "why")}
+                    for m in RATE_VERDICT_METRICS
+                    if m in cell_rows
+                },
             }
         )
+
+    def order(v: dict[str, Any]) -> tuple:
+        rate = v["offered_rate"] if isinstance(v["offered_rate"], int | float) else math.inf
+        return (v["arrival"], v["burstiness"] or 0.0, v["duration_s"] or 0.0, v["ramp"] is not None, rate)
+
+    return sorted(out, key=order)
+
+
+def spec_decode_by_cell(runs: list[dict[str, Any]], rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Speculative decoding per cell, A vs B, next to tokens/s: each arm's mean acceptance length
+    (1 + Δaccepted/Δdrafts) and acceptance rate (% of drafted tokens kept) over its valid runs, its
+    tokens/s (decode_tok_s in a decode cell, output_throughput elsewhere), and the A/B rows' ratio
+    and mark. Only cells whose runs carry the spec-decode counters (a server that drafts)."""
+    marks = {(r["cell_id"], r["metric"]): r for r in rows}
+    cells: dict[str, list[dict[str, Any]]] = {}
+    for r in runs:
+        if r["validity"]["valid"] and isinstance(r.get("spec_decode_acceptance_length"), int | float):
+            cells.setdefault(r["cell_id"], []).append(r)
+    out = []
+    for cell_id, cell_runs in sorted(cells.items()):
+        kind = cell_runs[0]["kind"]
+        speed = "decode_tok_s" if kind == "decode" else "output_throughput"
+        entry: dict[str, Any] = {"cell_id": cell_id, "kind": kind, "tokens_per_s_metric": speed}
+        for v in ("A", "B"):
+            mine = [r for r in cell_runs if r["variant"] == v]
+            entry[v] = {
+                "runs": len(mine),
+                "tokens_per_s": _mean_of(mine, speed),
+                "acceptance_length": _mean_of(mine, "spec_decode_acceptance_length"),
+                "acceptance_rate_pct": _mean_of(mine, "spec_decode_acceptance_rate"),
+            }
+        for metric in (speed, "spec_decode_acceptance_length", "spec_decode_acceptance_rate"):
+            row = marks.get((cell_id, metric))
+            entry[f"{metric}_ab"] = {"ratio": row["ratio"], "mark": row["mark"]} if row else None
+        out.append(entry)
     return out
+
+
+def spec_decode_by_workload(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Speculative decoding per workload and arm, pooled over the valid runs of every kind that
+    drafts: acceptance length 1 + Σaccepted/Σdrafts and rate Σaccepted/Σdraft tokens (the counter
+    sums, so a long run weighs by its drafts, not as one run), with the per-cell kinds it pools."""
+    sums: dict[tuple[str, str], dict[str, float]] = {}
+    kinds: dict[str, set[str]] = {}
+    for r in runs:
+        drafts = r.get("spec_decode_num_drafts")
+        if not r["validity"]["valid"] or not isinstance(drafts, int | float) or drafts <= 0:
+            continue
+        workload = parse_cell(r["cell_id"]).workload
+        acc = sums.setdefault((workload, r["variant"]), {"drafts": 0.0, "draft_tokens": 0.0, "accepted": 0.0})
+        acc["drafts"] += drafts
+        acc["draft_tokens"] += r.get("spec_decode_draft_tokens") or 0.0
+        acc["accepted"] += r.get("spec_decode_accepted_tokens") or 0.0
+        kinds.setdefault(workload, set()).add(r["kind"])
+    out = []
+    for workload in sorted(kinds):
+        row: dict[str, Any] = {"workload": workload, "kinds": sorted(kinds[workload])}
+        for v in ("A", "B"):
+            acc = sums.get((workload, v))
+            row[v] = (
+                {
+                    "acceptance_length": 1 + acc["accepted"] / acc["drafts"],
+                    "acceptance_rate_pct": (
+                        100 * acc["accepted"] / acc["draft_tokens"] if acc["draft_tokens"] else None
+                    ),
+                    "drafts": acc["drafts"],
+                }
+                if acc
+                else None
+            )
+        out.append(row)
+    return out
+
+
+def _mean_of(rows: list[dict[str, Any]], key: str) -> float | None:
+    vals = [x[key] for x in rows if isinstance(x.get(key), int | float) and math.isfinite(x[key])]
+    return sum(vals) / len(vals) if vals else None
 
 
 def targets(summary: dict[str, Any], parity: dict[str, Any]) -> list[dict[str, Any]]:
@@ -475,6 +656,103 @@ def _document_table(num: dict[str, Any]) -> list[str]:
     ]
 
 
+def _process(line: dict[str, Any], each: str = " each") -> str:
+    """`poisson`, `gamma (burstiness 0.5)`, `constant, 60 s each`: a sweep line's process and bound."""
+    text = str(line["arrival"])
+    if line.get("burstiness") is not None:
+        burst = line["burstiness"]
+        text += f" (burstiness {fmt(burst) if math.isfinite(burst) else 'inf'})"
+    return text + (f", {fmt(line['duration_s'])} s{each}" if line.get("duration_s") else "")
+
+
+def _verdict_text(v: dict[str, Any] | None) -> str:
+    """`0.912× -` (ratio and mark), or `—` where the cell has no such row."""
+    if not v:
+        return "—"
+    return f"{ratio_text(v['ratio'])}× `{v['mark']}`"
+
+
+def _rate_verdict_lines(summary: dict[str, Any]) -> list[str]:
+    """ab.md: the A/B verdict per offered rate (every rate cell; sweep points at their recorded
+    rates, with the probe's measured maximum above them)."""
+    verdicts = summary.get("rate_verdicts") or []
+    if not verdicts:
+        return []
+    lines = ["## A/B by offered rate", ""]
+    for probe, d in sorted((summary.get("sweeps") or {}).items()):
+        lines.append(
+            f"Sweep: {probe} ({d['probe_run']}) completed {fmt(d['max_rate'])} requests/s; point k/N "
+            f"is sent at k/N of that: {', '.join(f'{cid} {fmt(r)}/s' for cid, r in d['rates'].items())}."
+        )
+    if summary.get("sweeps"):
+        lines.append("")
+    rows = []
+    for v in verdicts:
+        if v["ramp"]:
+            offered = f"{v['ramp']['strategy']} {fmt(v['ramp']['start_rps'])}→{fmt(v['ramp']['end_rps'])}"
+        elif isinstance(v["offered_rate"], int | float):
+            offered = fmt(v["offered_rate"]) if math.isfinite(v["offered_rate"]) else "all at once"
+        else:
+            offered = "not decided"
+        rows.append(
+            {
+                "offered req/s": offered,
+                "process": _process(v, each=""),
+                "cell": v["cell_id"],
+                "A req/s": fmt(v["achieved"]["A"]),
+                "B req/s": fmt(v["achieved"]["B"]),
+                **{
+                    f"B/A {m}": _verdict_text(v["verdict"].get(m))
+                    for m in ("request_throughput", "goodput_req_s", "median_ttft_ms", "mean_tpot_ms")
+                },
+            }
+        )
+    lines += [markdown(pd.DataFrame(rows)), ""]
+    lines += ["Each ratio's CI and reason are on its row in the table above (marks as there).", ""]
+    return lines
+
+
+def _spec_decode_lines(summary: dict[str, Any]) -> list[str]:
+    """ab.md: acceptance length and rate per cell and per workload, A vs B, next to tokens/s."""
+    spec = summary.get("spec_decode")
+    if not spec:
+        return []
+    rows = [
+        {
+            "cell": c["cell_id"],
+            "tok/s A": fmt(c["A"]["tokens_per_s"]),
+            "tok/s B": fmt(c["B"]["tokens_per_s"]),
+            "tok/s B/A": _verdict_text(c[f"{c['tokens_per_s_metric']}_ab"]),
+            "accept len A": fmt(c["A"]["acceptance_length"]),
+            "accept len B": fmt(c["B"]["acceptance_length"]),
+            "len B/A": _verdict_text(c["spec_decode_acceptance_length_ab"]),
+            "accept % A": fmt(c["A"]["acceptance_rate_pct"]),
+            "accept % B": fmt(c["B"]["acceptance_rate_pct"]),
+            "% B/A": _verdict_text(c["spec_decode_acceptance_rate_ab"]),
+        }
+        for c in spec["by_cell"]
+    ]
+    lines = [
+        "## Speculative decoding",
+        "",
+        "Acceptance length = 1 + Δaccepted / Δdrafts, acceptance rate = Δaccepted / Δdraft tokens "
+        "(vLLM's vllm:spec_decode_* counters, scraped before and after each run); tok/s is "
+        "decode_tok_s in a decode cell, output_throughput elsewhere; means over valid runs.",
+        "",
+        markdown(pd.DataFrame(rows)),
+        "",
+    ]
+    for w in spec["by_workload"]:
+        arms = [
+            f"{v} {fmt(w[v]['acceptance_length'])} tokens/step, {fmt(w[v]['acceptance_rate_pct'])} % kept"
+            if w[v]
+            else f"{v} n/a"
+            for v in ("A", "B")
+        ]
+        lines.append(f"- {w['workload']} ({', '.join(w['kinds'])}): {'; '.join(arms)}")
+    return [*lines, ""]
+
+
 def write_tables(
     layout: RunLayout, runs: list[dict[str, Any]], ab: dict[str, Any], summary: dict[str, Any]
 ) -> None:
@@ -576,7 +854,7 @@ def write_tables(
         for sweep in summary["rate_sweep"]:
             sat = sweep["saturated_at"]
             text += [
-                f"- {sweep['variant']} {sweep['arrival']} ({sweep['workload']}): "
+                f"- {sweep['variant']} {_process(sweep)} ({sweep['workload']}): "
                 + ", ".join(
                     f"{p['offered_rate']:g}/s → {fmt(p['request_throughput'])}/s"
                     + (f" (goodput {fmt(p['goodput_req_s'])}/s)" if p["goodput_req_s"] is not None else "")
@@ -589,6 +867,8 @@ def write_tables(
                 )
             ]
         text += [""]
+    text += _rate_verdict_lines(summary)
+    text += _spec_decode_lines(summary)
     text += ["## Numeric parity certificate", ""]
     text += certificate_lines(ab["numeric_certificate"]) or ["(no NLL or greedy cell)"]
     text += [""]

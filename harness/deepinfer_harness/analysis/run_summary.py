@@ -31,28 +31,33 @@ from deepinfer_harness.analysis.metrics import (
 )
 from deepinfer_harness.analysis.reader import RunReader
 from deepinfer_harness.analysis.validity import check_run
-from deepinfer_harness.cells import parse_cell
+from deepinfer_harness.cells import Cell, parse_cell
 from deepinfer_harness.layout import RunKey, write_json
-from deepinfer_harness.prometheus import Snapshot, delta
+from deepinfer_harness.prometheus import (
+    SPEC_ACCEPTED,
+    SPEC_ACCEPTED_PER_POS,
+    SPEC_DRAFT_TOKENS,
+    SPEC_DRAFTS,
+    Snapshot,
+    delta,
+)
 from deepinfer_harness.records import RequestRecord
 from deepinfer_harness.strict_json import numbers
-
-SPEC = "vllm:spec_decode_"
 
 
 def spec_decode(counter_deltas: dict[str, float]) -> dict[str, Any]:
     """Speculative-decoding accounting from the run's counter deltas: a draft is one proposal of K
     tokens, accepted tokens are the drafted tokens the verifier kept, so each engine step emits
     1 + accepted tokens and acceptance length = 1 + accepted / drafts."""
-    drafts = counter_deltas.get(SPEC + "num_drafts_total", 0.0)
+    drafts = counter_deltas.get(SPEC_DRAFTS, 0.0)
     if drafts <= 0:
         return {}
-    accepted = counter_deltas.get(SPEC + "num_accepted_tokens_total", 0.0)
-    draft_tokens = counter_deltas.get(SPEC + "num_draft_tokens_total", 0.0)
+    accepted = counter_deltas.get(SPEC_ACCEPTED, 0.0)
+    draft_tokens = counter_deltas.get(SPEC_DRAFT_TOKENS, 0.0)
     accepted_by_position = sorted(
         (int(name.split("position=")[1].rstrip("}")), value)
         for name, value in counter_deltas.items()
-        if name.startswith(SPEC + "num_accepted_tokens_per_pos_total{")
+        if name.startswith(SPEC_ACCEPTED_PER_POS + "{")
     )
     # share of drafts whose token at this position was kept (the verifier stops at the first miss)
     per_position = [value / drafts for _, value in accepted_by_position]
@@ -198,6 +203,35 @@ def rate_attainment(
     return (schedule_s + median_e2el_ms / 1e3) / duration_s
 
 
+def offered_rate(cell: Cell, arrivals: dict[str, Any]) -> float | None:
+    """The rate a rate cell offered: its id's, a sweep point's recorded one (cell.json), none for
+    a ramp (its rate moves: ramp_start_rps → ramp_end_rps)."""
+    if cell.is_sweep_point:
+        value = arrivals.get("offered_rate")
+        return float(value) if isinstance(value, int | float) else None
+    return None if cell.ramp else cell.rate
+
+
+def load_shape(cell: Cell, arrivals: dict[str, Any], measured: int) -> dict[str, Any]:
+    """The open-loop shape beyond rate and process, where the cell has one: the gamma process's
+    burstiness, a ramp, a duration bound (and how many requests it sent), a sweep point."""
+    out: dict[str, Any] = {}
+    if cell.arrival == "gamma":
+        out["burstiness"] = cell.burstiness  # inf: constant gaps ("inf" in JSON)
+    if cell.ramp:
+        out |= {"ramp": cell.ramp, "ramp_start_rps": cell.rate, "ramp_end_rps": cell.ramp_end}
+    if cell.duration_s:
+        out |= {
+            "duration_bound_s": cell.duration_s,
+            "sent_requests": arrivals.get("sent", measured),
+            "sent_after_duration": arrivals.get("sent_after_duration"),
+        }
+    if cell.is_sweep_point:
+        sweep = arrivals.get("sweep") or {}
+        out |= {"sweep_point": f"{cell.sweep_k}/{cell.sweep_of}", "sweep_probe": sweep.get("probe")}
+    return out
+
+
 def realized_lengths(ok: list[RequestRecord]) -> dict[str, Any]:
     """Mean, sd, min and max of the prompt and output lengths the server reported (a length
     distribution's realized shape; fixed-length cells show sd 0)."""
@@ -270,7 +304,7 @@ def summarize_run(
         arrivals = facts.get("arrivals", {})
         span_s = arrivals.get("schedule_s")
         out |= {
-            "offered_rate": cell.rate,  # inf: every request at once (written "inf" in JSON)
+            "offered_rate": offered_rate(cell, arrivals),  # inf: every request at once ("inf" in JSON)
             "rate_unit": "requests/s",
             "arrival": cell.arrival,
             "schedule_s": span_s,
@@ -278,7 +312,7 @@ def summarize_run(
             "realized_rate": per_s(len(measured) - 1, span_s),
             "send_late_ms_max": arrivals.get("send_late_ms_max"),
             "rate_attainment": rate_attainment(span_s, out.get("median_e2el_ms"), out.get("duration")),
-        }
+        } | load_shape(cell, arrivals, len(measured))
     if cell.kind in ("prefill-cold", "ttft") and "server_ttft_ms" in out:
         out["prefill_tok_s"] = per_s(cell.isl, out["server_ttft_ms"] / 1e3)
     if cell.kind in ("prefill-cold", "ttft") and "median_ttft_ms" in out:

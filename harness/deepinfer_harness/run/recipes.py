@@ -13,7 +13,8 @@ import contextlib
 import hashlib
 import time
 
-from deepinfer_harness.lengths import arrival_offsets_s, draw, stable_seed
+from deepinfer_harness.arrivals import schedule
+from deepinfer_harness.lengths import draw, stable_seed
 from deepinfer_harness.records import RequestRecord
 from deepinfer_harness.run.cell import WARMUP_INDEX_BASE, CellContext, closed_loop
 from deepinfer_harness.run.client import completion_body, get_json, prompt_logprobs
@@ -158,9 +159,12 @@ async def run_decode(ctx: CellContext) -> None:
 async def run_rate(ctx: CellContext) -> None:
     """Open loop (vllm bench serve --request-rate): request i is sent at its seeded arrival time
     whether or not earlier ones finished (at most max_concurrency in flight when set), so queueing
-    shows up in TTFT once the rate passes what the server sustains. Lengths are drawn per request
-    (lengths.py) from the same seed in both arms, or with a ShareGPT corpus and an ISL range are
-    each conversation's own (run/conversations.py); the warm-up runs first, closed loop, at C = 1."""
+    shows up in TTFT once the rate passes what the server sustains. Arrival times come from
+    arrivals.py (poisson, constant, or vllm bench serve's gamma process with its burstiness, a
+    ramp-up, a duration bound); a sweep point's rate is the run's recorded one (ctx.offered_rate).
+    Lengths are drawn per request (lengths.py) from the same seed in both arms, or with a ShareGPT
+    corpus and an ISL range are each conversation's own (run/conversations.py); the warm-up runs
+    first, closed loop, at C = 1."""
     cell, cdef, prm = ctx.cdef.cell, ctx.cdef, ctx.cdef.params
     seed = stable_seed(prm.get("seed", 0), cell.id)
     total = cdef.n + cdef.warmup
@@ -178,31 +182,53 @@ async def run_rate(ctx: CellContext) -> None:
     for i in range(cdef.warmup):
         prompt, max_tokens = requests[cdef.n + i]
         await ctx.stream(WARMUP_INDEX_BASE + i, "warmup", 0, prompt, max_tokens, True)
-    offsets = arrival_offsets_s(cell.rate, cell.arrival, cdef.n, seed + 2)
+    rate = ctx.offered_rate if cell.is_sweep_point else cell.rate
+    offsets = schedule(cell, cdef.n, seed + 2, rate=rate)
+    if len(offsets) != cdef.n:  # a duration cell's count is its schedule's, fixed by the plan
+        ctx.violations.append(f"schedule has {len(offsets)} arrivals, the plan counted {cdef.n}")
+        offsets = offsets[: cdef.n]
     cap = prm.get("max_concurrency")
     gate = asyncio.Semaphore(cap) if cap else contextlib.nullcontext()
     late_ms: list[float] = []
+    sent_s: list[float] = []
     await ctx.scrape("before")
-    with ctx.bar(cdef.n) as bar:
+    with ctx.bar(len(offsets)) as bar:
         t0 = time.perf_counter()
 
         async def one(i: int) -> None:
             await asyncio.sleep(max(0.0, t0 + offsets[i] - time.perf_counter()))
             async with gate:
-                late_ms.append(1e3 * (time.perf_counter() - t0 - offsets[i]))
+                now = time.perf_counter() - t0
+                late_ms.append(1e3 * (now - offsets[i]))
+                sent_s.append(now)
                 await ctx.stream(i, "measure", 0, requests[i][0], requests[i][1], True)
             bar.update()
 
         async with asyncio.TaskGroup() as group:  # Ctrl-C or one failure cancels every request
-            for i in range(cdef.n):
+            for i in range(len(offsets)):
                 group.create_task(one(i))
     await ctx.scrape("after")
     ctx.facts["arrivals"] = {
-        "offered_rate": cell.rate,
+        "offered_rate": rate,
         "arrival": cell.arrival,
-        "schedule_s": offsets[-1] if offsets else 0.0,
+        "schedule_s": offsets[-1] - offsets[0] if len(offsets) > 1 else 0.0,
+        "first_offset_s": offsets[0] if offsets else 0.0,
         "send_late_ms_max": max(late_ms, default=0.0),
         "max_concurrency": cap,
+        "burstiness": cell.burstiness or None,
+        "ramp": (
+            {"strategy": cell.ramp, "start_rps": cell.rate, "end_rps": cell.ramp_end} if cell.ramp else None
+        ),
+        "bound": "duration" if cell.duration_s else "count",
+        "duration_s": cell.duration_s or None,
+        "scheduled": len(offsets),
+        "sent": len(sent_s),
+        # a request held back by max_concurrency past the duration is still sent (both arms send
+        # the same scheduled requests); this many were
+        "sent_after_duration": sum(1 for t in sent_s if t >= cell.duration_s) if cell.duration_s else 0,
+        "sweep": (
+            {"k": cell.sweep_k, "of": cell.sweep_of, "probe": cdef.sweep_probe} if cell.sweep_of else None
+        ),
     }
 
 

@@ -37,6 +37,7 @@ from deepinfer_harness.run.progress import Progress
 from deepinfer_harness.run.provenance import collect_variant, gpu_facts
 from deepinfer_harness.run.recipes import RECIPES
 from deepinfer_harness.run.server import ServerDied, ServerHandle, serving
+from deepinfer_harness.run.sweep import rate_for
 from deepinfer_harness.sharegpt import corpus_use
 
 GPU_SAMPLE_S = 2.0
@@ -220,6 +221,15 @@ async def run_session(
                     f"{len(todo) - i} runs not run"
                 )
                 break
+            offered = None
+            if cdef.cell.is_sweep_point:  # its rate: the run's recorded sweep decision (run/sweep.py)
+                offered = rate_for(layout, cdef, cells)
+                if offered is None:
+                    opts.say(
+                        f"{key}: not run: its rate is k/N of the throughput of {cdef.sweep_probe}, which "
+                        "has no valid run yet (resume runs it once one exists)"
+                    )
+                    continue
             layout.retire(key)
             t0 = time.monotonic()
             with JsonlWriter(layout.run_file(key, "jsonl")) as writer:
@@ -237,6 +247,7 @@ async def run_session(
                     cdef=cdef,
                     progress=opts.progress,
                     reset_prefix_cache=profile.validity.reset_prefix_cache,
+                    offered_rate=offered,
                 )
                 await _run_cell(ctx)
             alive = await asyncio.to_thread(handle.alive)  # health, not only the (lagging) process status
@@ -337,6 +348,20 @@ def run_all(
     return outcome
 
 
+def describe_load(c: CellDef) -> str:
+    """A rate cell's load in words: its rate (or ramp, or sweep point), process and bound."""
+    cell = c.cell
+    if cell.is_sweep_point:
+        rate = f"{cell.sweep_k}/{cell.sweep_of} of {c.sweep_probe}'s measured requests/s"
+    elif cell.ramp:
+        rate = f"{cell.ramp} ramp {cell.rate:g}→{cell.ramp_end:g}/s"
+    else:
+        rate = f"{cell.rate:g}/s"
+    process = f"gamma burstiness {cell.burstiness:g}" if cell.arrival == "gamma" else cell.arrival
+    bound = f", the {c.n} arrivals of the first {cell.duration_s:g} s" if cell.duration_s else ""
+    return f"{rate} {process}{bound}"
+
+
 def dry_run_lines(
     profile: Profile, sessions: list[Session], cells: list[CellDef], model: str, run_id: str, out: Path
 ) -> list[str]:
@@ -358,7 +383,7 @@ def dry_run_lines(
             lines.append(launch.describe())
         for c in cells:
             load = (
-                f"open loop {c.cell.rate:g}/s {c.cell.arrival}, ≤{inflight_cap(c)} in flight"
+                f"open loop {describe_load(c)}, ≤{inflight_cap(c)} in flight"
                 if c.cell.kind == "rate"
                 else f"C={c.cell.concurrency}"
             )
