@@ -1,9 +1,10 @@
 """The hook patch 00 calls at the end of every upstream module that has rows: `rebind(globals(), __name__)`.
 
-It chooses, per row of the binding table (`bindings.py`), upstream's object, the base or the optimized
+It chooses, per row of the binding table (`table.py`), upstream's object, the base or the optimized
 target: the row applies below its capability, the level comes from patch 01's marker, and
 DEEPINFER_SM80_DISABLE sends named rows back to base (docs/LAYOUT.md). The table is read through the
-`bindings` module at call time, so a test that replaces `bindings.BINDINGS` is what the hook sees.
+`table` module at call time, so a test that replaces `table.BINDINGS` is what the hook sees. Patch 00
+imports these names through `bindings.py`, which stands above this module and the table.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ import sys
 from collections.abc import Callable, Iterator, MutableMapping
 from typing import Any
 
-from deepinfer_sm80 import bindings as table
-from deepinfer_sm80.bindings import ENV_DISABLE, ENV_FORCE_CAPABILITY, FEATURES, LEVEL_MARKER, LEVELS, Binding
+from deepinfer_sm80 import table
+from deepinfer_sm80.table import ENV_DISABLE, ENV_FORCE_CAPABILITY, FEATURES, LEVEL_MARKER, LEVELS, Binding
 
 LOG = logging.getLogger("deepinfer_sm80")
 

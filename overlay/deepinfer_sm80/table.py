@@ -2,14 +2,14 @@
 
 Patch 00 ends every upstream module that has rows with `rebind(globals(), __name__)`; the gate, the level
 and the opt-outs live in the table and its hook (`hook.py`), never in the patch (docs/LAYOUT.md). Patch 01
-only adds the level marker. This module is the rows and their vocabulary; the hook's names (`rebind`,
-`active_level`, `device_capability`, `original`, ...) are re-exported from `hook.py` on first use.
+only adds the level marker. This module is the rows and their vocabulary and imports nothing of the
+package: the hook stands above it and reads `BINDINGS` here at call time; `bindings.py`, the name patch
+00 imports, stands above both.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 # First capability with hardware e4m3 conversions (sm_89): below it, upstream's fp8 Triton/CuTeDSL writers
 # fail, so the rows that replace them stop here (Ada keeps upstream's hardware-fp8 writers).
@@ -381,14 +381,3 @@ BINDINGS: tuple[Binding, ...] = (
         "call time)",
     ),
 )
-
-
-def __getattr__(name: str) -> Any:
-    """The hook's names, so `from deepinfer_sm80.bindings import rebind` (patch 00) keeps working; imported
-    lazily because the hook reads this table (and a test's replacement of `BINDINGS`) at call time."""
-    from deepinfer_sm80 import hook
-
-    try:
-        return getattr(hook, name)
-    except AttributeError:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None

@@ -9,6 +9,7 @@ import pytest
 
 from deepinfer_sm80 import bindings as bt
 from deepinfer_sm80 import hook
+from deepinfer_sm80 import table as tb
 from deepinfer_sm80.bindings import BINDINGS, Binding
 
 MODULE = "tests.fake_upstream"
@@ -32,7 +33,7 @@ def _rows() -> tuple[Binding, ...]:
 
 @pytest.fixture
 def table(monkeypatch):
-    monkeypatch.setattr(bt, "BINDINGS", _rows())
+    monkeypatch.setattr(tb, "BINDINGS", _rows())  # the module the hook reads
     monkeypatch.delenv(bt.ENV_DISABLE, raising=False)
     monkeypatch.setattr(hook, "_LOGGED", set())
     return monkeypatch
@@ -141,7 +142,7 @@ def test_added_attribute_row(table):
             "added", MODULE, "Cls.extra", base="math:floor", optimized=None, why="t", adds=True, below=90
         ),
     )
-    table.setattr(bt, "BINDINGS", rows)
+    table.setattr(tb, "BINDINGS", rows)
     table.setenv(bt.ENV_FORCE_CAPABILITY, "90")
     ns = _namespace()
     assert bt.rebind(ns, MODULE) == {} and not hasattr(ns["Cls"], "extra")
@@ -282,3 +283,12 @@ def test_features_not_logged_where_no_row_applies(table, caplog):
     with caplog.at_level(logging.INFO, logger="deepinfer_sm80"):
         bt.rebind({"f": 1, "g": 2, "Cls": object}, "tests.other_module")
     assert not any("features at" in r.message for r in caplog.records)
+
+
+def test_bindings_reads_the_table_and_the_hook_live(table):
+    """`deepinfer_sm80.bindings` holds nothing: the table's names and the hook's, read at each access."""
+    assert bt.BINDINGS is tb.BINDINGS and [b.name for b in bt.BINDINGS] == [b.name for b in _rows()]
+    assert bt.Binding is tb.Binding and bt.rebind is hook.rebind and bt._get is hook._get
+    assert {"BINDINGS", "rebind", "active_level"} <= set(dir(bt))
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        bt.nope  # noqa: B018

@@ -11,7 +11,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "deepinfer_sm80"
 SHIPPED = ("ops", "formats", "integration")
-SHIPPED_MODULES = ("bindings.py", "hook.py", "registry.py", "device.py", "__init__.py")
+SHIPPED_MODULES = ("bindings.py", "table.py", "hook.py", "registry.py", "device.py", "__init__.py")
 RIG = "deepinfer_sm80.testing"
 
 

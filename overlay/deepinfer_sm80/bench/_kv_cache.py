@@ -1,6 +1,7 @@
 """Shared body of bench/kv_gather.py and bench/kv_quant_insert.py: bitwise vs upstream vLLM 0.32.0's own
 kernels (the cases and checks live in testing/cases/kv_gather.py and kv_quant_insert.py, which the op tests
-assert too), then base / optimized / upstream timed (gather 4K..1M tokens, insert 1..8192 tokens).
+assert too), then base / optimized / upstream timed (gather 4K..1M tokens, insert 1..8192 tokens; page sizes,
+bytes per token and the GPU inputs in testing/kv_cache_shapes.py, which the entry-point cases share).
 
 Upstream runs from the carried bundle; its kernels use tl.float8e4nv, so this needs sm_89+ (the H200).
 """
@@ -15,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from deepinfer_sm80.formats.fp8_ds_mla import DATA_BYTES, RECORD_BYTES
+from deepinfer_sm80.formats.fp8_ds_mla import DATA_BYTES
 from deepinfer_sm80.ops import kv_gather as kvg
 from deepinfer_sm80.ops import kv_quant_insert as kvi
 from deepinfer_sm80.testing.bench import (
@@ -32,14 +33,22 @@ from deepinfer_sm80.testing.bench import (
 )
 from deepinfer_sm80.testing.cases import kv_gather as gather_cases
 from deepinfer_sm80.testing.cases import kv_quant_insert as insert_cases
-from deepinfer_sm80.testing.inputs import avoid_seven_pow2, block_table, k_rows, page_pool
+from deepinfer_sm80.testing.inputs import avoid_seven_pow2
+from deepinfer_sm80.testing.kv_cache_shapes import (
+    GATHER_BLOCK_SIZE,
+    GATHER_BYTES_PER_TOKEN,
+    INSERT_BLOCK_SIZE,
+    INSERT_BYTES_PER_TOKEN,
+    block_table_for,
+    prefill_slots,
+    random_k,
+    random_pool,
+)
 
 # DEEPINFER_BENCH_QUICK=1: base / DeepInfer / upstream only (no tile or grid sweeps), for a short lease
 QUICK = os.environ.get("DEEPINFER_BENCH_QUICK") == "1"
 GATHER_TOKENS = (4_096, 16_384, 49_152, 131_072, 1_048_576)
-GATHER_BLOCK_SIZE = 128  # compressed cache, ratio 1: 128 states per 74,880-byte page (docs/FP8_DS_MLA.md)
 INSERT_TOKENS = (1, 4, 16, 64, 1_536, 4_096, 8_192)
-INSERT_BLOCK_SIZE = 64
 # (BLOCK_T, num_warps) around the defaults; the first run swept (8|16|32|64, 4|8) and (1..16, 1..8)
 GATHER_SWEEP = ((16, 4), (4, 1), (8, 4), (16, 2), (32, 8))
 INSERT_SWEEP = ((4, 4), (8, 4), (16, 4))
@@ -51,29 +60,6 @@ SEED_GATHER_48K = {
     "speedup": 7.64,
     "gpu": "their SM80 (seed write-up)",
 }
-GATHER_BYTES_PER_TOKEN = RECORD_BYTES + 512 * 2  # 584 read + 1024 written
-INSERT_BYTES_PER_TOKEN = 512 * 2 + 8 + RECORD_BYTES  # k row + int64 slot read, record written
-
-
-# ----------------------------------------------------------------------------- inputs (on the GPU)
-def random_pool(num_blocks: int, block_size: int, gen: torch.Generator, *, valid: bool) -> torch.Tensor:
-    return page_pool(num_blocks, block_size, gen, device="cuda", valid=valid)
-
-
-def block_table_for(lens: list[int], num_blocks: int, block_size: int, gen: torch.Generator) -> torch.Tensor:
-    return block_table(lens, num_blocks, block_size, gen, device="cuda")
-
-
-def random_k(tokens: int, gen: torch.Generator) -> torch.Tensor:
-    """[tokens, 512] bf16 with normal RoPE values (timing rows; bitwise sections set RoPE bits)."""
-    return k_rows(tokens, gen, device="cuda", rope_bits=False)
-
-
-def prefill_slots(tokens: int, num_blocks: int, block_size: int, gen: torch.Generator) -> torch.Tensor:
-    """Consecutive positions in randomly placed pages, as a prefill writes them."""
-    pages = torch.randperm(num_blocks, device="cuda", generator=gen)[: -(-tokens // block_size)]
-    pos = torch.arange(tokens, device="cuda")
-    return pages[pos // block_size] * block_size + pos % block_size
 
 
 # ----------------------------------------------------------------------------- insert

@@ -26,8 +26,7 @@ from deepinfer_sm80.testing.bench import (
     summarize,
     time_graph,
 )
-from deepinfer_sm80.testing.cases.sparse_mla import decode_args, decode_sets, prefill_inputs
-from deepinfer_sm80.testing.compare import BF16_EPS, MismatchError, assert_close
+from deepinfer_sm80.testing.cases.sparse_mla import close_verdict, decode_args, decode_sets, prefill_inputs
 from deepinfer_sm80.testing.inputs import generator
 from deepinfer_sm80.testing.shapes import V41
 
@@ -52,15 +51,6 @@ SEED = {
     "prefill_us": (3742.8, 3202.1),
     "gpu": "their SM80 (seed write-up)",
 }
-
-
-def _close(out: torch.Tensor, ref: torch.Tensor, vmax: float) -> str:
-    try:
-        assert_close("bench", out, ref, abs=BF16_EPS * vmax, rel_in_eps=2.0, why="bf16 weights, order")
-    except MismatchError as err:
-        print(f"    mismatch: {err}")
-        return "mismatch"
-    return "close"
 
 
 def _decode_shape(up, tq: int, heads: int, ctx: int, ceilings: Ceilings, rows: list, times: dict) -> None:  # noqa: ANN001
@@ -88,7 +78,9 @@ def _decode_shape(up, tq: int, heads: int, ctx: int, ceilings: Ceilings, rows: l
             f"decode {name} {impl}", time_graph(runner(impl), n_sets, replays=5), bytes_moved, ceilings
         )
         verdict = (
-            "n/a" if impl == "upstream" else _close(outs[impl][0].cpu(), outs["upstream"][0].cpu(), 448.0)
+            "n/a"
+            if impl == "upstream"
+            else close_verdict(outs[impl][0].cpu(), outs["upstream"][0].cpu(), 448.0)
         )
         rows.append(Row.from_timing("sparse_mla_decode", impl, f"h{heads}-ctx{ctx // 1024}k", tq, t, verdict))
         times[(impl, tq, heads, ctx)] = t
@@ -112,7 +104,7 @@ def _decode_shape(up, tq: int, heads: int, ctx: int, ceilings: Ceilings, rows: l
             bytes_moved,
             ceilings,
         )
-        verdict = _close(out[0].cpu(), outs["upstream"][0].cpu(), 448.0)
+        verdict = close_verdict(out[0].cpu(), outs["upstream"][0].cpu(), 448.0)
         times[("variant", vname, tq, heads, ctx)] = (t, verdict)
         print(format_line(t, verdict))
     if (tq, heads, ctx) in SWEEP_AT:
@@ -131,7 +123,7 @@ def _decode_shape(up, tq: int, heads: int, ctx: int, ceilings: Ceilings, rows: l
                 ceilings,
             )
             times[("sweep", tag, tq, heads, ctx)] = t
-            print(format_line(t, _close(out[0].cpu(), outs["upstream"][0].cpu(), 448.0)))
+            print(format_line(t, close_verdict(out[0].cpu(), outs["upstream"][0].cpu(), 448.0)))
 
 
 def _prefill_shape(up, heads: int, ctx: int, ceilings: Ceilings, rows: list, times: dict) -> None:  # noqa: ANN001
@@ -153,7 +145,9 @@ def _prefill_shape(up, heads: int, ctx: int, ceilings: Ceilings, rows: list, tim
             fns[impl](inp.q, inp.kv, inp.indices, inp.lens, V41.scale, 512, 448, 64, inp.sink, outs[impl])
 
         t = summarize(f"prefill {name} {impl}", time_graph(run, 1, calls=4, replays=5), bytes_moved, ceilings)
-        verdict = "n/a" if impl == "upstream" else _close(outs[impl].cpu(), outs["upstream"].cpu(), 5.0)
+        verdict = (
+            "n/a" if impl == "upstream" else close_verdict(outs[impl].cpu(), outs["upstream"].cpu(), 5.0)
+        )
         rows.append(
             Row.from_timing("sparse_mla_prefill", impl, f"h{heads}-ctx{ctx // 1024}k", PREFILL_T, t, verdict)
         )

@@ -47,7 +47,7 @@ from vllm.v1.attention.ops import rocm_aiter_mla_sparse as sparse_ops
 from vllm.v1.worker.workspace import current_workspace_manager
 
 from deepinfer_sm80.integration import warmup, yoco
-from deepinfer_sm80.integration.attention_select import BACKEND_NAME
+from deepinfer_sm80.integration.sm8x_backend import BACKEND_NAME
 from deepinfer_sm80.ops.o_proj import dequant_block_fp8, wo_a_bmm
 
 LOG = logging.getLogger("deepinfer_sm80")

@@ -10,7 +10,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-BACKEND_NAME = "DEEPINFER_SM8X_SPARSE_DSV41"
+from deepinfer_sm80.integration.sm8x_backend import BACKEND_NAME
+
 LOG = logging.getLogger("deepinfer_sm80")
 # persistent_topk's host code takes its 128 KiB long-row paths only where a block can opt into more
 # than 147,455 B of shared memory, and only for rows past 98,303 tokens (SASS/host code of the

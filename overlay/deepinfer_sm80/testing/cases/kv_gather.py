@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from deepinfer_sm80.testing import kv_cache_shapes as kc
 from deepinfer_sm80.testing.cases.entry_point import Shape, bitwise
 from deepinfer_sm80.testing.cases.upstream_records import bitwise_record
 
@@ -143,7 +144,6 @@ UPSTREAM_CASES = (  # (name, seq_lens, gather_lens or None, block_size, offset)
 
 
 def entry_point_shapes(quick: bool) -> Iterator[Shape]:
-    from deepinfer_sm80.bench import _kv_cache as kc
     from deepinfer_sm80.testing.bench import input_sets_needed
     from deepinfer_sm80.testing.inputs import generator
 

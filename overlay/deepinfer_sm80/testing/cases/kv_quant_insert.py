@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from deepinfer_sm80.testing import kv_cache_shapes as kc
 from deepinfer_sm80.testing.cases.entry_point import Shape, bitwise
 from deepinfer_sm80.testing.cases.upstream_records import bitwise_record, clone_view, pool_of
 
@@ -81,7 +82,6 @@ UPSTREAM_CASES = ((1, 32, "int64"), (37, 32, "int32"), (1536, 128, "int64"), (81
 
 
 def entry_point_shapes(quick: bool) -> Iterator[Shape]:
-    from deepinfer_sm80.bench import _kv_cache as kc
     from deepinfer_sm80.testing.bench import input_sets_needed
     from deepinfer_sm80.testing.inputs import avoid_seven_pow2, generator
 

@@ -14,23 +14,31 @@ After the target has read positions 0..L-1 and picked its next token b (the anch
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import torch
 
 from . import mhc
 from .attention import sparse_attention
-from .checkpoint import linear
+from .block import Block, Trace
+from .checkpoint import Checkpoint, linear
 from .quant import bf16
 
-if TYPE_CHECKING:
-    from .model import Block, V41Oracle
+
+class Target(Protocol):
+    """What the drafter reads of the target (model.V41Oracle): its checkpoint and text config, the RoPE
+    tables its stages share, the embedding, and one prefill's trace (logits, aux streams)."""
+
+    ck: Checkpoint
+    t: dict[str, Any]
+    tables: dict[bool, torch.Tensor]
+    embed: torch.Tensor
+
+    def trace(self, token_ids: list[int] | torch.Tensor) -> Trace: ...
 
 
 class Drafter:
-    def __init__(self, o: V41Oracle) -> None:
-        from .model import Block  # model imports this module lazily: no cycle at import time
-
+    def __init__(self, o: Target) -> None:
         t = o.t
         self.o, self.t = o, t
         n = t["num_hidden_layers"]

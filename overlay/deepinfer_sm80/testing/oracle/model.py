@@ -13,44 +13,18 @@ End: post-map of the last FFN, collapse with its pre-mix, RMSNorm(norm), `head` 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from . import mhc
-from .attention import Attention, LayerCaches
+from .attention import LayerCaches
+from .block import Block, Trace
 from .checkpoint import Checkpoint, linear
+from .dspark import Drafter
 from .engram import EngramLayout, compressed_token_map, engram_inject, engram_rows
-from .moe import MoE
 from .quant import bf16
 from .rope import cos_sin_table
-
-
-class Block:
-    """A decoder layer: `name` is 'layers.N' or 'mtp.S' (layer index N, or num_hidden_layers + S)."""
-
-    def __init__(self, ck: Checkpoint, name: str, layer: int, tables: dict[bool, torch.Tensor]) -> None:
-        self.ck, self.name, self.layer = ck, name, layer
-        backbone = layer < ck.text["num_hidden_layers"]
-        self.attn = Attention(ck, name, layer, tables)
-        self.moe = MoE(ck, name, backbone)
-        self.hc = {p: self._hc(ck, f"{name}.hc_{p}") for p in ("attn", "ffn")}
-        self.attn_norm, self.ffn_norm = ck.vec(f"{name}.attn_norm.weight"), ck.vec(f"{name}.ffn_norm.weight")
-        self.engram = backbone and layer in ck.text.get("engram_layer_ids", [])
-
-    @staticmethod
-    def _hc(ck: Checkpoint, p: str) -> mhc.HcParams:
-        return mhc.HcParams(ck.vec(f"{p}_fn"), ck.vec(f"{p}_scale"), ck.vec(f"{p}_base"))
-
-
-@dataclass
-class Trace:
-    """What one forward leaves behind: bf16 logits, the final normed hidden state, the aux streams."""
-
-    logits: torch.Tensor  # fp32 holding bf16 values [T, V]
-    hidden: torch.Tensor  # [T, H]
-    aux: dict[int, torch.Tensor] = field(default_factory=dict)  # layer id -> bf16 [T, H]
 
 
 class V41Oracle:
@@ -69,7 +43,7 @@ class V41Oracle:
             tmap, _ = compressed_token_map(ck.dir / "tokenizer.json")
             self.engram = EngramLayout.from_config(t, tmap)
             self._token_map = torch.tensor(tmap, dtype=torch.int64)
-        self._drafter = None
+        self._drafter: Drafter | None = None
 
     @classmethod
     def load(cls, ckpt_dir: str | Path) -> V41Oracle:
@@ -159,8 +133,6 @@ class V41Oracle:
     def draft(self, token_ids: list[int] | torch.Tensor, k: int = 5) -> tuple[int, list[int]]:
         """DSpark after the target has read token_ids: (the target's greedy next token, the k greedy
         draft tokens that follow it)."""
-        from .dspark import Drafter
-
         if self._drafter is None:
             self._drafter = Drafter(self)
         return self._drafter.draft(self._ids(token_ids), k)
