@@ -54,7 +54,9 @@ class ToyV41(EagleModelMixin):
             by_layer[self.end_layer] = x.clone()
         return x
 
-    def forward(self, input_ids, positions, intermediate_tensors, inputs_embeds=None, lookback_token_ids=None):  # noqa: E501
+    def forward(
+        self, input_ids, positions, intermediate_tensors, inputs_embeds=None, lookback_token_ids=None
+    ):
         """Upstream's shape of V4.1's forward: local aux only, a non-last stage returns hidden states."""
         x = inputs_embeds if intermediate_tensors is None else intermediate_tensors["hidden_states"]
         by_layer: dict[int, torch.Tensor] = {}

@@ -74,8 +74,9 @@ def test_every_stage_reports_its_layers_caches(specs_1412) -> None:
     swa = [{int(n.split(".")[2]) for n in ns if n.endswith("swa_cache")} for ns in names]
     assert swa == [set(range(0, 14)), set(range(14, 28)), set(range(28, 43))]
     owned = [{n for n in ns if not n.endswith("swa_cache")} for ns in names]
-    own = lambda layer, ring: {f"model.layers.{layer}.attn", f"model.layers.{layer}.attn.indexer.k_cache"} | (
-        {f"model.layers.{layer}.attn.compressor.state_cache"} if ring else set()
+    own = lambda layer, ring: (
+        {f"model.layers.{layer}.attn", f"model.layers.{layer}.attn.indexer.k_cache"}
+        | ({f"model.layers.{layer}.attn.compressor.state_cache"} if ring else set())
     )
     assert owned[0] == own(2, True) | own(8, True)
     assert owned[1] == own(14, True) | own(20, False)

@@ -31,6 +31,7 @@ def requires_sm(major: int, minor: int = 0) -> pytest.MarkDecorator:
     ok = torch.cuda.is_available() and torch.cuda.get_device_capability() >= (major, minor)
     return pytest.mark.skipif(not ok, reason=f"needs a GPU of capability >= {major}.{minor}")
 
+
 # for the integration rigs (streamed indexer, YOCO) whose vLLM workspace manager lives on the CPU
 cpu_workspace_only = pytest.mark.skipif(
     torch.cuda.is_available(),
