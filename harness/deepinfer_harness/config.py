@@ -241,9 +241,9 @@ class Ramp:
     """`vllm bench serve --ramp-up-strategy S --ramp-up-start-rps A --ramp-up-end-rps B`: the
     request rate moves from start_rps to end_rps over the cell's requests (or its duration)."""
 
-    strategy: str = "linear"  # linear | exponential
-    start_rps: float = 1.0
-    end_rps: float = 2.0
+    strategy: str  # linear | exponential; all three required (no silent default ramp)
+    start_rps: float
+    end_rps: float
 
     def __post_init__(self) -> None:
         name = "plan.rate.ramps[]"

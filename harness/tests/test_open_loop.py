@@ -242,6 +242,7 @@ def test_gamma_ramp_speeds_up_and_a_duration_ramp_follows_time():
         ("plan.rate={ramps: [{strategy: linear, start_rps: 4, end_rps: 4}]}", "plan.rate.ramps[].end_rps"),
         ("plan.rate={ramps: [{strategy: linear, start_rps: 1, end_rps: .inf}]}", "plan.rate.ramps[].end_rps"),
         ("plan.rate={ramps: [{strategy: linear, start_rps: 1, end: 4}]}", "plan.rate.ramps"),
+        ("plan.rate={ramps: [{strategy: linear, start_rps: 1}]}", "plan.rate.ramps[0]"),  # no default end
         ("plan.rate={rates: [1], durations_s: [0]}", "plan.rate.durations_s"),
         ("plan.rate={rates: [1], durations_s: [-5]}", "plan.rate.durations_s"),
         ("plan.rate={rates: [.inf], durations_s: [60]}", "plan.rate.durations_s"),
@@ -368,6 +369,8 @@ def test_sweep_decides_once_records_and_resumes_to_the_same_rates(fake, tmp_path
     )
     assert verdicts["rate-i16-o4-r2of3max-poisson"]["verdict"]["request_throughput"]["mark"] in "?~-+"
     assert summary["sweeps"] == manifest["sweeps"]
+    json.loads(layout.summary.read_text(), parse_constant=lambda c: pytest.fail(f"non-strict {c}"))
+    assert verdicts["rate-i16-o4-rinf-poisson"]["offered_rate"] == "inf"  # strict: a string, unit beside
     assert [p["offered_rate"] for p in summary["rate_sweep"][0]["points"]][-1] == "inf"
     md = (layout.root / "ab.md").read_text()
     assert "## A/B by offered rate" in md and "r2of3max" in md
