@@ -9,6 +9,7 @@
     python -m deepinfer_harness export results/bench-ab/smoke [--format jsonl] [--out requests.csv]
     python -m deepinfer_harness spec-greedy results/bench-ab/<spec run> results/bench-ab/<no-spec run>
     python -m deepinfer_harness charts --results results --charts charts
+    python -m deepinfer_harness compare results/bench-ab/<run> results/bench-ab/<run> … [--out DIR]
     python -m deepinfer_harness validate --profile ga100x6-tp2pp3 [--set topology.pp_partition=[8,12,20]]
     python -m deepinfer_harness cells --profile smoke | build-tiny-model --out DIR
 
@@ -329,8 +330,27 @@ def cmd_spec_greedy(args: argparse.Namespace) -> int:
 def cmd_charts(args: argparse.Namespace) -> int:
     from deepinfer_harness.analysis.charts import all_charts
 
-    written = all_charts(Path(args.results), Path(args.charts))
+    notes: list[str] = []
+    written = all_charts(Path(args.results), Path(args.charts), notes)
+    for note in notes:  # one line per chart a run has no cells for
+        print(note, file=sys.stderr)
     print(f"{len(written)} chart files written under {args.charts}")
+    return EXIT_OK
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    """Runs side by side: a markdown table on stdout; --out adds compare.json/.md and charts."""
+    from deepinfer_harness.analysis.compare import compare
+
+    out = Path(args.out) if args.out else None
+    text, result, notes = compare(args.runs, out, args.cell, args.metric)
+    print(text)
+    for note in notes:
+        print(note, file=sys.stderr)
+    if out is not None:
+        print(
+            f"compare.json, compare.md and {len(result['charts'])} chart files under {out}", file=sys.stderr
+        )
     return EXIT_OK
 
 
@@ -451,6 +471,12 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--results", default="results")
     c.add_argument("--charts", default="charts")
     c.set_defaults(fn=cmd_charts)
+    m = sub.add_parser("compare", help="runs of different profiles or topologies side by side")
+    m.add_argument("runs", nargs="*", metavar="RUN", help="reported run directories (two or more)")
+    m.add_argument("--out", metavar="DIR", help="also write compare.json, compare.md and charts 04/05 here")
+    m.add_argument("--cell", action="append", metavar="GLOB", help="only cells matching (repeatable)")
+    m.add_argument("--metric", action="append", metavar="GLOB", help="only metrics matching (repeatable)")
+    m.set_defaults(fn=cmd_compare)
     with_profile(sub.add_parser("validate", help="load and validate a profile")).set_defaults(fn=cmd_validate)
     with_profile(sub.add_parser("cells", help="list the plan's cell ids")).set_defaults(fn=cmd_cells)
     t = sub.add_parser("build-tiny-model", help="write the tiny local smoke model")

@@ -104,7 +104,13 @@ def test_full_pipeline_resume_and_charts(fake, tmp_path, capsys):
         assert (layout.root / name).stat().st_size > 0
     charts = tmp_path / "charts" / "fake"
     pngs = sorted(p.name for p in charts.glob("*.png"))
-    assert pngs == ["decode_scaling.png", "nll_deltas.png", "prefill_by_isl.png", "throughput_ab.png"]
+    assert pngs == [
+        "decode_scaling.png",
+        "nll_deltas.png",
+        "prefill_by_isl.png",
+        "throughput_ab.png",
+        "throughput_by_concurrency.png",
+    ]
     assert all((charts / p.replace(".png", ".svg")).exists() for p in pngs)
 
     # resume: nothing left to do, no request is sent again
