@@ -481,15 +481,24 @@ class AB:
 
 @dataclass
 class Validity:
-    loop_lag_p99_ms: float = 5.0
-    loop_lag_max_ms: float = 50.0
+    # Host load (analysis/validity.py lag_violations): the client's event-loop lag p50 / p99 may be this
+    # share of the cell's median / p99 timing (TTFT for prefill/TTFT cells, ITL for streamed ones, E2EL
+    # for NLL): 1 ms is noise against a 300 ms TTFT and a third of a 3 ms ITL. null turns it off; the
+    # *_ms caps are absolute and off by default.
+    loop_lag_share: float | None = 0.05
+    loop_lag_p99_ms: float | None = None
+    loop_lag_max_ms: float | None = None
     first_request_factor: float = 3.0
     inflight_fraction: float = 0.95
     reset_prefix_cache: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("loop_lag_p99_ms", "loop_lag_max_ms", "first_request_factor"):
-            _require(getattr(self, name) > 0, f"validity.{name}", getattr(self, name), "must be > 0")
+        for name in ("loop_lag_share", "loop_lag_p99_ms", "loop_lag_max_ms"):
+            value = getattr(self, name)
+            if value is not None:
+                _require(value > 0, f"validity.{name}", value, "must be > 0 (null turns the rule off)")
+        _require(self.first_request_factor > 0, "validity.first_request_factor", self.first_request_factor,
+                 "must be > 0")  # fmt: skip
         _require(
             0 < self.inflight_fraction <= 1,
             "validity.inflight_fraction",

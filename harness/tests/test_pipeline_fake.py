@@ -38,8 +38,7 @@ def write_profile(tmp_path, url, **extra):
         # host-timing rules off: 6 sessions share 2 cores here, so a client-side stall is the host's
         # (test_formulas checks those rules on constructed data); correctness rules all apply
         "validity": {
-            "loop_lag_p99_ms": 1e6,
-            "loop_lag_max_ms": 1e6,
+            "loop_lag_share": None,
             "first_request_factor": 1e6,
             "inflight_fraction": 0.5,
         },

@@ -30,7 +30,7 @@ from deepinfer_harness.tiny_model import build_tiny_model
 pytestmark = pytest.mark.integration
 
 # Timing rules that depend on host load (a shared 2-core box); every correctness rule must hold.
-HOST_TIMING_RULES = ("event-loop lag", "first measured TTFT")
+HOST_TIMING_RULES = ("host load", "first measured TTFT")
 
 
 def free_port():
@@ -137,9 +137,7 @@ def test_bench_ab_smoke_against_real_vllm(vllm, tmp_path):
             # host-timing rules (HOST_TIMING_RULES) invalidate cells at random, and a cell with no
             # valid pair has no chart, so those rules are relaxed here.
             "--set",
-            "validity.loop_lag_p99_ms=10000",
-            "--set",
-            "validity.loop_lag_max_ms=100000",
+            "validity.loop_lag_share=null",
             "--set",
             "validity.first_request_factor=1000",
         ]

@@ -3,7 +3,8 @@
 Rules checked here: failed/truncated/clamped requests, idle gate, foreign traffic (the server's
 generation/prompt/success counter deltas must equal what the client counted), restarts, a shared
 prefix the cache never served,
-preemptions in a decode window, coldness, event-loop lag, leftover JIT in the first request,
+preemptions in a decode window, coldness, host load (the client's event-loop lag against the cell's
+own timing scale), leftover JIT in the first request,
 in-flight share of the decode window, prompt-logprob hard failures, server death. GPU clock and
 throttle rules need nvidia-smi facts and are listed under `not_checked` when absent.
 """
@@ -121,6 +122,49 @@ def gpu_violations(samples: list[list[dict[str, str]]]) -> list[str]:
     return out
 
 
+# The finest client-side timing each kind's metrics rest on: a late event loop shifts each timestamp by
+# its lag, so what a cell tolerates is a share of this, not one number for every cell.
+TIMING_SCALE = {"prefill-cold": ("ttft",), "ttft": ("ttft",), "nll": ("e2el",)}
+STREAM_SCALE = ("itl", "tpot", "ttft", "e2el")
+
+
+def _positive(value: object) -> float | None:
+    return float(value) if isinstance(value, int | float) and math.isfinite(value) and value > 0 else None
+
+
+def timing_scale(cell: Cell, summary: dict[str, Any]) -> str | None:
+    """The metric (ttft, itl, tpot, e2el) whose median the cell measured first among its kind's."""
+    for name in TIMING_SCALE.get(cell.kind, STREAM_SCALE):
+        if _positive(summary.get(f"median_{name}_ms")):
+            return name
+    return None
+
+
+def lag_violations(
+    cell: Cell, lag: dict[str, Any], summary: dict[str, Any], limits: dict[str, Any]
+) -> list[str]:
+    """Host load, one line per broken rule. A timestamp is late by the loop's lag (run/looplag.py), so
+    a median the cell reports can move by about the median lag and a p99 by about the p99 lag: each
+    must stay within `loop_lag_share` of the cell's own median / p99 timing (its timing_scale). The
+    absolute caps `loop_lag_p99_ms` / `loop_lag_max_ms` apply where set (runs written before the
+    shares existed carry only those)."""
+    out = []
+    name, share = timing_scale(cell, summary), limits.get("loop_lag_share")
+    if name and isinstance(share, int | float):
+        for stat, of in (("p50", "median"), ("p99", "p99")):
+            value, timing = lag.get(f"loop_lag_{stat}_ms"), _positive(summary.get(f"{of}_{name}_ms"))
+            if isinstance(value, int | float) and timing and value > share * timing:
+                out.append(
+                    f"host load: client event-loop lag {stat} {value:.2f} ms > {share:.0%} of the cell's "
+                    f"{of} {name.upper()} {timing:.1f} ms: that {of} can move by more than {share:.0%}"
+                )
+    for stat in ("p99", "max"):
+        value, cap = lag.get(f"loop_lag_{stat}_ms"), limits.get(f"loop_lag_{stat}_ms")
+        if isinstance(value, int | float) and isinstance(cap, int | float) and value > cap:
+            out.append(f"host load: client event-loop lag {stat} {value:.1f} ms > the {cap:g} ms cap")
+    return out
+
+
 def check_run(
     cell: Cell,
     records: list[RequestRecord],
@@ -143,11 +187,7 @@ def check_run(
         violations += [f"restart: {e}" for e in restart_evidence(before, after)]
         violations += _delta_violations(cell, [r for r in measured if r.ok], delta(before, after))
     violations += gpu_violations(facts.get("gpus") or [])
-    lag = facts.get("loop_lag") or {}
-    for key, what in (("loop_lag_p99_ms", "p99"), ("loop_lag_max_ms", "max")):
-        value = lag.get(key)  # null when the probe took no sample (a NaN, written strict)
-        if isinstance(value, int | float) and value > limits[key]:
-            violations.append(f"event-loop lag {what} {value:.1f} ms > {limits[key]}")
+    violations += lag_violations(cell, facts.get("loop_lag") or {}, summary, limits)
     if cell.kind in ("prefill-cold", "ttft"):
         ttfts = [t for r in measured if r.ok and (t := ttft_ns(r)) is not None]
         if len(ttfts) >= 3 and ttfts[0] > limits["first_request_factor"] * statistics.median(ttfts):
