@@ -261,3 +261,19 @@ def test_host_load_fields_refuse_bad_values():
     for field in ("loop_lag_share", "loop_lag_p99_ms", "loop_lag_max_ms"):
         with pytest.raises(ConfigError, match=f"validity.{field}"):
             Validity(**{field: 0})
+
+
+def test_headline_says_how_many_runs_were_invalid_for_host_load_alone():
+    from deepinfer_harness.analysis.report import headline
+
+    def summary(invalid):
+        return {"aa_run": True, "n_runs": 4, "n_expected": 4, "missing_runs": [], "marks": {},
+                "n_invalid": len(invalid), "invalid_runs": invalid}  # fmt: skip
+
+    loaded = {"host_load_only": True, "loop_lag_p99_ms": 1.6, "violations": ["host load: ..."]}
+    broken = {"host_load_only": False, "loop_lag_p99_ms": 9.0, "violations": ["A #0: HTTP 500"]}
+    assert ", 2 invalid (1 for host load alone: client lag p99 up to 1.60 ms), 0 missing" in headline(
+        summary([loaded, broken])
+    )
+    assert ", 1 invalid, 0 missing" in headline(summary([broken]))
+    assert ", 0 invalid, 0 missing" in headline(summary([]))

@@ -199,7 +199,14 @@ def build_report(layout: RunLayout, numerics_tolerances: dict[str, float] | None
     write_json(layout.ab, ab)
     missing = [f"{c.cell_id}/{m}" for c in cells for m in c.missing]
     invalid = [
-        {"run": f"{r['cell_id']}/{r['variant']}.r{r['rep']}", "violations": r["validity"]["violations"]}
+        {
+            "run": f"{r['cell_id']}/{r['variant']}.r{r['rep']}",
+            "violations": r["validity"]["violations"],
+            # the host was too loaded for the cell's timings and nothing else was wrong: the harness
+            # and the server did their part (validity.py lag_violations)
+            "host_load_only": all(v.startswith("host load") for v in r["validity"]["violations"]),
+            "loop_lag_p99_ms": (r.get("loop_lag") or {}).get("loop_lag_p99_ms"),
+        }
         for r in runs
         if not r["validity"]["valid"]
     ]
@@ -214,6 +221,7 @@ def build_report(layout: RunLayout, numerics_tolerances: dict[str, float] | None
         "missing_runs": missing,
         "invalid_runs": invalid,
         "n_invalid": len(invalid),
+        "n_invalid_host_load_only": sum(x["host_load_only"] for x in invalid),
         "marks": _mark_counts(ab["rows"]),
         "ab_lines": [row["line"] for row in ab["rows"]],
         "numeric_certificate": ab["numeric_certificate"],
@@ -585,9 +593,20 @@ def headline(summary: dict[str, Any]) -> str:
     kind = "A/A (both arms the same build: differences are noise)" if summary["aa_run"] else "A/B"
     marks = " ".join(f"{k}×{v}" for k, v in summary["marks"].items()) or "none"
     return (
-        f"{kind}: {summary['n_runs']} of {summary['n_expected']} runs, {summary['n_invalid']} invalid, "
-        f"{len(summary['missing_runs'])} missing; marks {marks}"
+        f"{kind}: {summary['n_runs']} of {summary['n_expected']} runs, {summary['n_invalid']} invalid"
+        f"{host_load_note(summary)}, {len(summary['missing_runs'])} missing; marks {marks}"
     )
+
+
+def host_load_note(summary: dict[str, Any]) -> str:
+    """` (K for host load alone: client lag p99 up to X ms)` where K > 0: those runs' timings were
+    distorted by this host, not by the harness or the server; '' otherwise (and for old summaries)."""
+    loaded = [x for x in summary.get("invalid_runs", []) if x.get("host_load_only")]
+    if not loaded:
+        return ""
+    lags = [v for x in loaded if isinstance(v := x.get("loop_lag_p99_ms"), int | float)]
+    worst = f": client lag p99 up to {max(lags):.2f} ms" if lags else ""
+    return f" ({len(loaded)} for host load alone{worst})"
 
 
 CLAIMS = (("-", "better"), ("+", "worse"))
@@ -838,6 +857,11 @@ def write_tables(
     ]
     text += [markdown(table) if not table.empty else "(no comparable rows)", ""]
     text += ["## Invalid runs", ""]
+    if note := host_load_note(summary):
+        text += [
+            f"{summary['n_invalid']} invalid{note}: those timings measure this host, not A or B.",
+            "",
+        ]
     text += [f"- {x['run']}: {'; '.join(x['violations'][:4])}" for x in summary["invalid_runs"]] or ["(none)"]
     text += ["", "## Missing runs", ""]
     text += [f"- {m}" for m in summary["missing_runs"]] or ["(none)"]
