@@ -238,7 +238,9 @@ def render_junit(res: Results, args: dict[str, str]) -> str:
 def _message(failure: ET.Element) -> str:
     message = (failure.get("message") or "").replace("deepinfer_sm80.testing.compare.MismatchError: ", "")
     message = re.sub(r" case '[^']*' seed \d+ \(crc32 of the name\)", "", message.split("; first at")[0])
-    return message.replace("|", "\\|").strip()
+    lines = message.strip().splitlines() or [""]
+    first = lines[0].strip() + (" …" if len(lines) > 1 else "")  # a traceback: its first line, one table row
+    return first.replace("|", "\\|")
 
 
 def render_junit_failures(res: Results, args: dict[str, str]) -> str:
