@@ -585,6 +585,15 @@ def render_headline(res: Results, args: dict[str, str]) -> str:
     return table(header, out)
 
 
+def render_run_wall(res: Results, args: dict[str, str]) -> str:
+    """`M.m min` from a bench-ab run's manifest.json: ended_at - started_at (epoch seconds)."""
+    doc = res.json(_need(args, "file"))
+    start, end = doc.get("started_at"), doc.get("ended_at")
+    if not isinstance(start, int | float) or not isinstance(end, int | float) or end < start:
+        raise ReportError(f"results/{args['file']}: no started_at / ended_at")
+    return f"{(end - start) / 60:.1f} min"
+
+
 RENDERERS: dict[str, Callable[[Results, dict[str, str]], str]] = {
     "e2e-cases": render_e2e_cases,
     "e2e-summary": render_e2e_summary,
@@ -606,6 +615,7 @@ RENDERERS: dict[str, Callable[[Results, dict[str, str]], str]] = {
     "mapping": render_mapping,
     "records": render_records,
     "ab-pairs": render_ab_pairs,
+    "run-wall": render_run_wall,
     "image-smoke": render_image_smoke,
 }
 

@@ -187,3 +187,14 @@ def test_issue_31_renderers_read_the_committed_results():
     span = {"file": "bench-ab/smoke/summary.json", "path": "runs", "field": "loop_lag.loop_lag_p99_ms",
             "unit": "ms", "of": "runs"}  # fmt: skip
     assert report.render_span(res, span) == "1.0–4.6 ms over 40 runs"
+
+
+def test_run_wall_is_the_manifests_span_and_refuses_a_run_without_one(tree):
+    res = report.Results(tree)
+    rel = "bench-ab/smoke-20261205T104736Z/manifest.json"
+    doc = res.json(rel)
+    minutes = (doc["ended_at"] - doc["started_at"]) / 60
+    assert report.render_run_wall(res, {"file": rel}) == f"{minutes:.1f} min"
+    (tree / "results" / "bench-ab" / "bad.json").write_text(json.dumps({"started_at": 5.0}))
+    with pytest.raises(report.ReportError, match="no started_at / ended_at"):
+        report.render_run_wall(res, {"file": "bench-ab/bad.json"})
