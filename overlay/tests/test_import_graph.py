@@ -10,44 +10,29 @@ does not by itself make a circle."""
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 
 import pytest
+
+from deepinfer_sm80.testing.imports import import_statements, module_name
 
 PACKAGE = Path(__file__).resolve().parents[1] / "deepinfer_sm80"
 ROOT = PACKAGE.name
 
 
-def module_name(path: Path) -> str:
-    rel = path.relative_to(PACKAGE.parent).with_suffix("")
-    parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
-    return ".".join(parts)
-
-
 def package_modules() -> dict[str, Path]:
-    return {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+    return {module_name(p, PACKAGE.parent): p for p in sorted(PACKAGE.rglob("*.py"))}
 
 
 def imported_modules(source: str, module: str, is_package: bool, modules: set[str]) -> dict[str, int]:
     """The package modules `source`'s import statements load, each with the first line importing it.
-    Relative imports resolve against `module`; `from X import y` is an edge to `X.y` when that is a
-    module, else to `X`."""
+    `from X import y` is an edge to `X.y` when that is a module, else to `X`."""
     edges: dict[str, int] = {}
-    for node in ast.walk(ast.parse(source)):
-        targets: list[str] = []
-        if isinstance(node, ast.Import):
-            targets = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                here = module.split(".") if is_package else module.split(".")[:-1]
-                parent = here[: len(here) - (node.level - 1)]
-                base = ".".join([*parent, base] if base else parent)
-            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+    for line, base, names in import_statements(source, module, is_package):
+        targets = [f"{base}.{n}" if f"{base}.{n}" in modules else base for n in names] or [base]
         for name in targets:
             if name in modules and name != module:
-                edges[name] = min(edges.get(name, node.lineno), node.lineno)
+                edges[name] = min(edges.get(name, line), line)
     return edges
 
 

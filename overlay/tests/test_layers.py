@@ -4,10 +4,11 @@ or inside a function. An AST scan, so a lazy import counts too."""
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 
 import pytest
+
+from deepinfer_sm80.testing.imports import import_statements, module_name
 
 PACKAGE = Path(__file__).resolve().parents[1] / "deepinfer_sm80"
 SHIPPED = ("ops", "formats", "integration")
@@ -21,27 +22,13 @@ def shipped_files() -> list[Path]:
     return files
 
 
-def rig_imports(source: str, module: str) -> list[str]:
+def rig_imports(source: str, module: str, is_package: bool = False) -> list[str]:
     """`module`'s imports of the rig, as 'line: dotted name' (relative imports resolved against `module`)."""
     found = []
-    for node in ast.walk(ast.parse(source)):
-        names: list[str] = []
-        if isinstance(node, ast.Import):
-            names = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                parent = module.split(".")[: -node.level]
-                base = ".".join([*parent, base] if base else parent)
-            names = [base] + [f"{base}.{alias.name}" for alias in node.names]
-        found += [f"{node.lineno}: {n}" for n in names if n == RIG or n.startswith(RIG + ".")]
+    for line, base, names in import_statements(source, module, is_package):
+        dotted = [base] + [f"{base}.{n}" for n in names]
+        found += [f"{line}: {n}" for n in dotted if n == RIG or n.startswith(RIG + ".")]
     return sorted(set(found))
-
-
-def module_name(path: Path) -> str:
-    rel = path.relative_to(PACKAGE.parent).with_suffix("")
-    parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
-    return ".".join(parts)
 
 
 def test_scan_sees_the_shipped_tree():
@@ -70,7 +57,7 @@ def test_scan_resolves_relative_imports():
 def test_shipped_code_does_not_import_the_rig():
     bad = {}
     for path in shipped_files():
-        hits = rig_imports(path.read_text(), module_name(path))
+        hits = rig_imports(path.read_text(), module_name(path, PACKAGE.parent), path.name == "__init__.py")
         if hits:
             bad[str(path.relative_to(PACKAGE))] = hits
     assert not bad, f"shipped modules import the verification rig: {bad}"
