@@ -13,15 +13,8 @@ WORK=/tmp/gpu-recheck; rm -rf "$WORK"; mkdir -p "$WORK" "$OUT_DIR"
 export PYTEST_WORKERS=${PYTEST_WORKERS:-12} PYTHONUNBUFFERED=1
 T0=$SECONDS
 BUDGET=${GPU_RECHECK_BUDGET_S:-560}  # the call's 600 s less the tarball and the reply
-step() {  # step NAME SECONDS CMD...: one outcome line per step, the full log in WORK/NAME.log
-  local name=$1 secs=$2; shift 2
-  local t0=$SECONDS left=$((BUDGET - (SECONDS - T0)))
-  [ "$secs" -le "$left" ] || secs=$left
-  if [ "$secs" -le 5 ]; then echo "step $name: not run (budget spent)"; return; fi
-  timeout "$secs" "$@" >"$WORK/$name.log" 2>&1
-  local rc=$?
-  echo "step $name: exit $rc in $((SECONDS - t0)) s | $(grep -E ' passed| failed|error|wrote' "$WORK/$name.log" | tail -2 | tr '\n' ' ' | cut -c1-300)"
-}
+# shellcheck source=scripts/timebox.sh
+. "$(dirname "$0")/timebox.sh"  # step NAME SECONDS CMD...
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,utilization.gpu --format=csv >"$WORK/gpu-state.txt" 2>&1
 step tests 300 env SKIP_BENCH=1 TESTS="overlay/tests --ignore=overlay/tests/ops/test_mhc.py" \
   bash scripts/gpu_suite.sh .gpu-bundle "$WORK/tests"

@@ -36,15 +36,8 @@ WORK=/tmp/h200-run-$PHASE; rm -rf "$WORK"; mkdir -p "$WORK" "$OUT_DIR"
 export PYTEST_WORKERS=${PYTEST_WORKERS:-12} PYTHONUNBUFFERED=1
 T0=$SECONDS
 BUDGET=${H200_RUN_BUDGET_S:-565}  # the call's 600 s less the tarball and the reply
-step() {  # step NAME SECONDS CMD...: one outcome line per step, the full log in WORK/NAME.log
-  local name=$1 secs=$2; shift 2
-  local t0=$SECONDS left=$((BUDGET - (SECONDS - T0)))
-  [ "$secs" -le "$left" ] || secs=$left  # a step never runs past the phase budget
-  if [ "$secs" -le 5 ]; then echo "step $name: not run (phase budget spent)"; return; fi
-  timeout "$secs" "$@" >"$WORK/$name.log" 2>&1
-  local rc=$?
-  echo "step $name: exit $rc in $((SECONDS - t0)) s (phase at $((SECONDS - T0)) s) | $(grep -E ' passed| failed|error|wrote|ERROR SUMMARY|RACECHECK SUMMARY' "$WORK/$name.log" | tail -2 | tr '\n' ' ' | cut -c1-300)"
-}
+# shellcheck source=scripts/timebox.sh
+. "$(dirname "$0")/timebox.sh"  # step NAME SECONDS CMD...
 suite() { bash scripts/gpu_suite.sh .gpu-bundle "$@"; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,utilization.gpu --format=csv >"$WORK/gpu-state.txt" 2>&1
 compute-sanitizer --version >"$WORK/sanitizer-version.txt" 2>&1
