@@ -21,6 +21,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ from pathlib import Path
 
 from deepinfer_harness.layout import write_json
 from deepinfer_harness.run.launch import Launch
+from deepinfer_harness.run.procs import MARKER_ENV, Identity, boot_id, stop_group
 
 _KV_LINE = re.compile(
     r"KV cache size: ([\d,]+) tokens, Maximum concurrency for ([\d,]+) tokens per "
@@ -69,6 +71,8 @@ class ServerHandle:
     proc: subprocess.Popen | None = None
     started: float = field(default_factory=time.monotonic)
     log_offset: int = 0  # bytes of the log written by earlier attempts: never quoted for this one
+    marker: str = ""  # MARKER_ENV's value in this server's environment
+    identity: Identity | None = None
 
     @property
     def base_url(self) -> str:
@@ -185,14 +189,18 @@ def pid_file(log_path: Path) -> Path:
 
 
 def write_pid_file(handle: ServerHandle) -> None:
-    """What a later harness needs to recognise this server and stop it (run/stale.py)."""
-    if handle.proc is None or handle.log_path is None:
+    """What a later harness needs to recognise this server and stop it (run/stale.py): the PID
+    with its start time and boot, the command line, and the marker in its environment."""
+    if handle.proc is None or handle.log_path is None or handle.identity is None:
         return
     write_json(
         pid_file(handle.log_path),
         {
             "pid": handle.proc.pid,
             "pgid": handle.proc.pid,  # start_new_session: the server leads its own group
+            "start_ticks": handle.identity.start_ticks,
+            "boot_id": handle.identity.boot_id,
+            "marker": handle.marker,
             "argv": handle.launch.argv,
             "base_url": handle.launch.base_url,
             "stop_argv": handle.launch.stop_argv,
@@ -202,24 +210,22 @@ def write_pid_file(handle: ServerHandle) -> None:
     )
 
 
+def _wait_child(proc: subprocess.Popen) -> Callable[[float], bool]:
+    def wait(timeout_s: float) -> bool:
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
+
+    return wait
+
+
 def stop(handle: ServerHandle, grace_s: float = 15.0) -> None:
     proc = handle.proc
-    if proc is not None and proc.poll() is None:
-        for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
-            try:
-                os.killpg(proc.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                proc.wait(timeout=wait_s)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-    if proc is not None:
-        try:  # children that outlived the leader (engine core, workers) share its group
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    if proc is not None and handle.identity is not None:
+        stop_group(handle.identity, grace_s, 10.0, _wait_child(proc))
+        proc.poll()
     if handle.launch.stop_argv:
         subprocess.run(handle.launch.stop_argv, check=False, capture_output=True)
     if handle.log_path is not None:
@@ -232,17 +238,19 @@ def start(launch: Launch, log_path: Path | None) -> ServerHandle:
     assert log_path is not None, "a launched server needs a log file"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     offset = log_path.stat().st_size if log_path.exists() else 0
+    marker = uuid.uuid4().hex
     with log_path.open("ab") as log:
         proc = subprocess.Popen(
             launch.argv,
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            env=launch.process_env(),
+            env=launch.process_env() | {MARKER_ENV: marker},
             start_new_session=True,
             preexec_fn=_niceness(launch.nice),
         )
-    handle = ServerHandle(launch, log_path, proc, log_offset=offset)
+    identity = Identity.of(proc.pid) or Identity(proc.pid, -1, boot_id())  # -1: exited at once
+    handle = ServerHandle(launch, log_path, proc, log_offset=offset, marker=marker, identity=identity)
     write_pid_file(handle)
     if launch.nice:
         _nice_autogroup(proc.pid, launch.nice)

@@ -3,21 +3,21 @@
 A harness killed by SIGKILL or the OOM killer runs no teardown: its server (its own session, so
 the kill does not reach it) keeps running with parent 1, holding its port and GPU memory, and
 the resume fails at the port check. Every server start writes `<run>/logs/<arm>.s<k>.server.pid`
-(run/server.py). A server is a stale one of ours when all three hold: that PID file exists, the
-process is still alive, and its command line is the one recorded there, a vLLM server's. Its
-harness is dead when the run's lock is free (run/lock.py). Such a server is stopped (its process
-group SIGTERM, then SIGKILL; `docker rm -f` for a container) when it belongs to the run being
-resumed or listens on a port this run needs; one whose harness is still alive is only named. A
-PID file whose process is gone, or is now another program, is removed.
+(run/server.py). A process is that stale server only when everything recorded there matches
+what cannot collide: the same boot and start time of that PID, the full command line launched
+(a vLLM one), and the harness's marker in its environment (run/procs.py); a process that
+merely looks like vLLM (a `VLLM::` title, another user's engine, a reused PID) is never touched.
+Its harness is dead when the run's lock is free (run/lock.py). Such a server is stopped (its
+process group SIGTERM, then SIGKILL; `docker rm -f` for a container) when it belongs to the run
+being resumed or listens on a port this run needs; one whose harness is still alive is only
+named. A PID file whose process is gone, or is now another program, is removed.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +25,7 @@ from urllib.parse import urlparse
 
 from deepinfer_harness.run.lock import holder, lock_path
 from deepinfer_harness.run.ports import cmdline
+from deepinfer_harness.run.procs import MARKER_ENV, Identity, environ_has, stop_group
 
 STOP_GRACE_S = 15.0
 KILL_WAIT_S = 10.0
@@ -34,8 +35,7 @@ KILL_WAIT_S = 10.0
 class StaleServer:
     pid_file: Path
     run_id: str
-    pid: int
-    pgid: int
+    identity: Identity
     argv: list[str]
     port: int | None
     stop_argv: list[str]
@@ -43,7 +43,7 @@ class StaleServer:
 
     def describe(self) -> str:
         where = f"port {self.port}" if self.port else "no port"
-        return f"vLLM server PID {self.pid} of run {self.run_id} ({where}, {self.pid_file})"
+        return f"vLLM server PID {self.identity.pid} of run {self.run_id} ({where}, {self.pid_file})"
 
 
 def looks_like_vllm(argv: list[str]) -> bool:
@@ -52,13 +52,14 @@ def looks_like_vllm(argv: list[str]) -> bool:
 
 
 def runs_recorded(live: list[str] | None, argv: list[str]) -> bool:
-    """The live command line is the recorded one: equal; or a script run through its interpreter
-    (`vllm serve …` shows as `python /…/bin/vllm serve …`); or a title vLLM set (`VLLM::…`)."""
+    """The live command line is the recorded one: equal, or a script run through its interpreter
+    (`vllm serve …` shows as `python /…/bin/vllm serve …`: the interpreter, the script's path,
+    then the recorded arguments word for word)."""
     if not live or not argv:
         return False
-    if live == argv or (len(argv) > 1 and live[-(len(argv) - 1) :] == argv[1:]):
+    if live == argv:
         return True
-    return live[0].startswith("VLLM::")
+    return len(live) == len(argv) + 1 and live[2:] == argv[1:] and Path(live[1]).name == Path(argv[0]).name
 
 
 def _read(path: Path) -> dict[str, Any] | None:
@@ -69,15 +70,32 @@ def _read(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) and isinstance(data.get("pid"), int) else None
 
 
+def recorded_identity(data: dict[str, Any]) -> Identity | None:
+    """The process the PID file names, if it is that very process still: same boot, same start
+    time, the recorded command line, our marker in its environment. None for anything else,
+    including a PID file of an older harness, which recorded no start time or marker."""
+    pid, ticks, boot, marker = (data.get(k) for k in ("pid", "start_ticks", "boot_id", "marker"))
+    if not (isinstance(pid, int) and isinstance(ticks, int) and isinstance(boot, str)):
+        return None
+    if not isinstance(marker, str) or not marker:
+        return None
+    identity = Identity(pid, ticks, boot)
+    argv = [str(x) for x in data.get("argv") or []]
+    if not identity.alive() or not runs_recorded(cmdline(pid), argv) or not looks_like_vllm(argv):
+        return None
+    if not environ_has(pid, MARKER_ENV, marker) or not identity.alive():
+        return None
+    return identity
+
+
 def find(results: Path) -> list[StaleServer]:
-    """Every live server of ours under the results root (one per PID file whose process is alive
-    and still runs the recorded vLLM command line); PID files of gone processes are removed."""
+    """Every live server of ours under the results root (one per PID file whose very process is
+    alive, see recorded_identity); PID files naming anything else are removed."""
     out = []
     for path in sorted(results.glob("*/logs/*.server.pid")):
         data = _read(path)
-        argv = [str(x) for x in (data or {}).get("argv") or []]
-        live = cmdline(data["pid"]) if data else None
-        if data is None or not runs_recorded(live, argv) or not looks_like_vllm(argv):
+        identity = recorded_identity(data) if data else None
+        if data is None or identity is None:
             path.unlink(missing_ok=True)  # the process is gone, or the PID now names another program
             continue
         run_id = path.parent.parent.name
@@ -86,9 +104,8 @@ def find(results: Path) -> list[StaleServer]:
             StaleServer(
                 path,
                 run_id,
-                data["pid"],
-                int(data.get("pgid") or data["pid"]),
-                argv,
+                identity,
+                [str(x) for x in data.get("argv") or []],
                 urlparse(str(data.get("base_url") or "")).port,
                 [str(x) for x in data.get("stop_argv") or []],
                 owner if owner != os.getpid() else None,
@@ -97,28 +114,9 @@ def find(results: Path) -> list[StaleServer]:
     return out
 
 
-def _gone(pid: int, wait_s: float) -> bool:
-    deadline = time.monotonic() + wait_s
-    while cmdline(pid) is not None:
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.1)  # not our child: no wait() to block on
-    return True
-
-
 def stop(server: StaleServer, grace_s: float = STOP_GRACE_S) -> None:
     """The server's whole process group: SIGTERM, SIGKILL after `grace_s`; then its stop command."""
-    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, KILL_WAIT_S)):
-        try:
-            os.killpg(server.pgid, sig)
-        except ProcessLookupError:
-            break
-        if _gone(server.pid, wait_s):
-            break
-    try:  # children that outlived the leader (engine core, workers) share its group
-        os.killpg(server.pgid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+    stop_group(server.identity, grace_s, KILL_WAIT_S)
     if server.stop_argv:
         subprocess.run(server.stop_argv, check=False, capture_output=True)
     server.pid_file.unlink(missing_ok=True)
