@@ -48,7 +48,8 @@ test: lint test-cpu e2e-cpu
 
 # vLLM 0.32.0's real engine serving the tiny V4.1 checkpoint on CPU through patch 00 and 00+01, our
 # kernels under TRITON_INTERPRET=1, checked against the independent oracle (docs/E2E_CPU.md). Writes
-# .cache/e2e/e2e-cpu.json; EVIDENCE=1 runs the full plan (+ PP) into results/e2e-cpu.json.
+# .cache/e2e/e2e-cpu.json (every PP cut included); EVIDENCE=1 runs the full plan (+ both levels for DSpark
+# and serve, + TP2 x PP2, + the prefix hit) into results/e2e-cpu.json.
 .PHONY: e2e-cpu
 E2E_ARGS ?=
 e2e-cpu: setup fetch-vllm tiny-model

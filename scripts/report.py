@@ -549,6 +549,23 @@ def _span(values: list[float]) -> str:
     return f"{lo:.2f}×" if f"{lo:.2f}" == f"{hi:.2f}" else f"{lo:.2f}–{hi:.2f}×"
 
 
+# What "upstream" is in each bench (overlay/deepinfer_sm80/bench/<op>.py): vLLM 0.32.0's own function on the
+# same inputs, which is not always the kernel vLLM runs on a Hopper card (there: FlashMLA, DeepGEMM).
+UPSTREAM_KERNEL = {
+    "sparse_mla_decode": "`rocm_sparse_attn_decode`: vLLM's ROCm Triton path run on CUDA, not the FlashMLA "
+    "vLLM serves with on sm_90",
+    "sparse_mla_prefill": "`rocm_sparse_attn_prefill`: vLLM's ROCm Triton path run on CUDA, not FlashMLA",
+    "kv_gather": "`dequantize_and_gather_k_cache`, vLLM's Triton path (hardware e4m3)",
+    "kv_quant_insert": "`quantize_and_insert_k_cache`, vLLM's kernel (hardware e4m3)",
+    "topk_swa_combine": "`combine_topk_swa_indices`, vLLM's own function",
+    "indexer_decode_logits": "`_fp8_paged_mqa_logits_decode_kernel`: vLLM's ROCm Triton kernel, not the "
+    "DeepGEMM vLLM uses on sm_90",
+    "indexer_decode_topk": "– (no upstream top-k timed)",
+    "indexer_prefill_topk": "– (no upstream top-k timed)",
+    "dspark_draft": "vLLM's draft chain (eager ops) and its `gumbel_sample`",
+}
+
+
 def render_headline(res: Results, args: dict[str, str]) -> str:
     """One line per kernel (op) of the listed GPU JSONs: ours against upstream's kernel and against the
     base level, each the span of time ratios (their µs over ours, > 1 = ours faster) over every shape
@@ -577,12 +594,28 @@ def render_headline(res: Results, args: dict[str, str]) -> str:
                 ratios = [by[(sh, sz, other)] / us for (sh, sz, impl), us in by.items()
                           if impl == ours and (sh, sz, other) in by]  # fmt: skip
                 spans.append(f"{_span(ratios)} ({len(ratios)})" if ratios else "–")
-            out.append([f"`{op}`", NAME[ours], *spans, met, f"`{rel}`"])
+            upstream = UPSTREAM_KERNEL.get(op, "–")
+            out.append([f"`{op}`", NAME[ours], spans[0], upstream, spans[1], met, f"`{rel}`"])
             seen.add(op)
     if missing := [o for o in _list(args, "ops") if o not in seen]:
         raise ReportError(f"no timed rows of op(s) {missing} in {_list(args, 'files') or [args['file']]}")
-    header = ["kernel", "ours", "× upstream (shapes)", "× base (shapes)", "file's targets met", "file"]
+    header = ["kernel", "ours", "× upstream (shapes)", "upstream is", "× base (shapes)", "file's targets met",
+              "file"]  # fmt: skip
     return table(header, out)
+
+
+def render_count_greater(res: Results, args: dict[str, str]) -> str:
+    """`N of M`: of the objects under `path=` whose key starts with `prefix=`, how many have field `a=`
+    greater than field `b=` (e.g. the streamed top-k's workspace against the dense one's, per shape)."""
+    node = _at(res.json(_need(args, "file")), _need(args, "path"), args["file"])
+    if not isinstance(node, dict):
+        raise ReportError(f"results/{args['file']}: {args['path']} is not an object")
+    a, b, prefix = _need(args, "a"), _need(args, "b"), args.get("prefix", "")
+    pairs = [(v[a], v[b]) for k, v in node.items() if k.startswith(prefix) and isinstance(v, dict)
+             and a in v and b in v]  # fmt: skip
+    if not pairs:
+        raise ReportError(f"results/{args['file']}: no {args['path']}.{prefix}* holds {a} and {b}")
+    return f"{sum(x > y for x, y in pairs)} of {len(pairs)}"
 
 
 def render_run_wall(res: Results, args: dict[str, str]) -> str:
@@ -616,6 +649,7 @@ RENDERERS: dict[str, Callable[[Results, dict[str, str]], str]] = {
     "records": render_records,
     "ab-pairs": render_ab_pairs,
     "run-wall": render_run_wall,
+    "count-greater": render_count_greater,
     "image-smoke": render_image_smoke,
 }
 
