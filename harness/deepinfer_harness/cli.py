@@ -35,14 +35,18 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 from deepinfer_harness.cells import format_cell
 from deepinfer_harness.config import WORKLOAD_FIELDS, ConfigError, Profile, load_profile, parse_numerics
-from deepinfer_harness.layout import RunLayout
-from deepinfer_harness.manifest import DefinitionMismatch, finalize_manifest, foreign_host, init_manifest
+from deepinfer_harness.layout import ResultFileError, RunLayout, check_run_files
+from deepinfer_harness.manifest import (
+    DefinitionMismatch,
+    check_resume,
+    finalize_manifest,
+    foreign_host,
+    init_manifest,
+)
 from deepinfer_harness.plan import abba_schedule, build_cells, session_order
 from deepinfer_harness.run.preflight import CHECKS, check_output
 from deepinfer_harness.strict_json import dumps
@@ -97,11 +101,12 @@ def load_with_flags(args: argparse.Namespace) -> Profile:
 
 
 def _served_name(url: str) -> str:
-    try:
-        with urllib.request.urlopen(f"{url}/v1/models", timeout=10) as resp:
-            return json.loads(resp.read())["data"][0]["id"]
-    except (urllib.error.URLError, OSError, ValueError, KeyError, IndexError) as exc:
-        raise ConfigError(f"{url}/v1/models did not name a served model: {exc}") from exc
+    from deepinfer_harness.run.server import served_models
+
+    served = served_models(url)
+    if not served:
+        raise ConfigError(f"{url}/v1/models did not name a served model")
+    return served[0]
 
 
 def default_run_id(profile: Profile) -> str:
@@ -223,6 +228,9 @@ def _bench_ab(
     except ValueError as exc:  # e.g. two plan entries that make the same cell
         raise ConfigError(f"profile {profile.name}: {exc}") from exc
     sessions = abba_schedule(profile.ab.repetitions)
+    if not (args.fresh or foreign_host(layout) or (evidence and args.replace_evidence)):
+        check_run_files(layout.root)  # before anything runs or is stopped
+        check_resume(layout, profile)
     build_note = ensure_built(built, args.dry_run)
     if build_note:
         skip |= {"model"}
@@ -289,6 +297,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     if not (root / "manifest.json").exists():
         raise ConfigError(f"{root} is not a run directory (no manifest.json)")
     numerics = parse_numerics(args.numerics) if args.numerics is not None else None
+    check_run_files(root)  # a truncated file: one line before any output is rewritten
     summary = build_report(RunLayout(root), numerics)
     print("\n".join(stdout_summary(summary, root)))  # the summary (headline first); every row: ab.md
     for line in summary.get("certificate_lines", []):
@@ -498,7 +507,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         return args.fn(args)
-    except (ConfigError, DefinitionMismatch) as exc:
+    except (ConfigError, DefinitionMismatch, ResultFileError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_INPUT
     except BrokenPipeError:  # e.g. `--dry-run | head`: the reader left, nothing is wrong

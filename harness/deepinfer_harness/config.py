@@ -33,6 +33,9 @@ SERVER_MODES = ("local", "docker", "url", "level")
 PATCH_LEVELS = ("base", "optimized")  # patch 00; patches 00+01 (deepinfer_sm80.bindings.LEVELS)
 
 
+# the float fields where .inf means something (all at once; Poisson's limit): every other number
+# must be finite, or e.g. window_s = .inf passes validation and crashes mid-run
+INF_ALLOWED = ("plan.rate.rates", "plan.rate.burstiness")
 CHAT_TEMPLATE_MARGIN = 64  # tokens the chat template may add around a user message (role markers)
 
 
@@ -644,6 +647,8 @@ def _coerce(hint: Any, value: Any, where: str) -> Any:
     elif hint is float:
         ok = isinstance(value, int | float) and not isinstance(value, bool)
         value = float(value) if ok else value
+        if ok and not math.isfinite(value) and not where.startswith(INF_ALLOWED):
+            raise ConfigError(f"{where} = {value!r}: must be a finite number")
     elif hint is str:
         ok = isinstance(value, str | int | float) and not isinstance(value, bool)  # env: "1" or 1
         value = str(value) if ok else value
@@ -679,8 +684,30 @@ def _set_dotted(data: dict, dotted: str, value: Any) -> None:
     node[last] = value
 
 
+def _refuse_duplicates(node: yaml.Node, what: str, path: str = "") -> None:
+    """A key given twice in one mapping: PyYAML keeps the last silently; here it is an error."""
+    if isinstance(node, yaml.MappingNode):
+        seen: dict[str, int] = {}
+        for key_node, value_node in node.value:
+            key = str(key_node.value) if isinstance(key_node, yaml.ScalarNode) else "?"
+            name = f"{path}.{key}" if path else key
+            line = key_node.start_mark.line + 1
+            if key in seen and key != "<<":
+                raise ConfigError(
+                    f"{what}: {name} is given twice (lines {seen[key]} and {line}); one value per key"
+                )
+            seen[key] = line
+            _refuse_duplicates(value_node, what, name)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _refuse_duplicates(item, what, f"{path}[{i}]")
+
+
 def _yaml(text: str, what: str) -> Any:
     try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        if node is not None:
+            _refuse_duplicates(node, what)
         return yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)

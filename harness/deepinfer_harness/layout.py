@@ -28,8 +28,55 @@ def write_json(path: Path, data: Any) -> None:
     tmp.replace(path)
 
 
+class ResultFileError(ValueError):
+    """A results file that cannot be read as written (truncated, garbled): one line naming it."""
+
+
 def read_json(path: Path) -> Any:
-    return json.loads(path.read_text())
+    try:
+        return json.loads(path.read_text())
+    except UnicodeDecodeError as exc:
+        raise ResultFileError(f"{path}: not UTF-8 text ({exc.reason}); {_AWAY}") from exc
+    except json.JSONDecodeError as exc:
+        where = f"line {exc.lineno}, column {exc.colno}"
+        raise ResultFileError(f"{path}: not valid JSON at {where} ({exc.msg}: truncated?); {_AWAY}") from exc
+
+
+_AWAY = "nothing was changed: move the file aside (its run is re-run on resume) or use --fresh"
+
+
+def jsonl_objects(path: Path) -> list[dict[str, Any]]:
+    """The JSON objects of a JSONL file. Only a torn last line (a write cut off by a kill: no
+    newline after it) is skipped; any other line that is not a JSON object is an error."""
+    text = path.read_text(encoding="utf-8", errors="replace")
+    lines = text.split("\n")
+    out = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError as exc:
+            if number == len(lines):  # the last piece, with no newline after it: torn
+                continue
+            raise ResultFileError(f"{path}: line {number} is not JSON ({exc.msg}); {_AWAY}") from exc
+        if not isinstance(value, dict):
+            raise ResultFileError(f"{path}: line {number} is not a JSON object; {_AWAY}")
+        out.append(value)
+    return out
+
+
+def check_run_files(root: Path) -> None:
+    """Every input file a resume or report reads parses (attempts/ excepted: never read again;
+    summary.json, ab.json: outputs, rewritten); the first that does not is one ResultFileError
+    line, before anything runs."""
+    if not root.is_dir():
+        return
+    inputs = [root / "manifest.json", *sorted((root / "prompts").glob("*.json"))]
+    for path in [p for p in inputs if p.exists()] + sorted((root / "cells").glob("*/*.json")):
+        read_json(path)
+    for path in sorted((root / "cells").glob("*/*.jsonl")):
+        jsonl_objects(path)
 
 
 @dataclass(frozen=True, order=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import os
 import platform
 import shlex
@@ -20,10 +21,57 @@ from deepinfer_harness.layout import RunLayout, read_json, write_json
 from deepinfer_harness.parity import certificate
 from deepinfer_harness.plan import CellDef, Session
 from deepinfer_harness.prompts import text_sha256
+from deepinfer_harness.strict_json import dumps
 
 
 class DefinitionMismatch(RuntimeError):
     pass
+
+
+SHOWN_CHANGES = 6
+
+
+def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
+    """{'plan.rate.ramps[0].end_rps': 8.0, …}: every leaf of a profile by its dotted field name."""
+    if isinstance(value, dict):
+        out: dict[str, Any] = {}
+        for key, item in value.items():
+            out |= _flat(item, f"{prefix}.{key}" if prefix else str(key))
+        return out or {prefix: {}}
+    if isinstance(value, list) and value:
+        out = {}
+        for i, item in enumerate(value):
+            out |= _flat(item, f"{prefix}[{i}]")
+        return out
+    return {prefix: value}
+
+
+def profile_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """`plan.prefill.n (2 → 3)` for every field whose value differs between two profiles."""
+    before, after = _flat(old), _flat(new)
+    out = []
+    for name in sorted(before.keys() | after.keys()):
+        a, b = before.get(name, "absent"), after.get(name, "absent")
+        if a != b:
+            out.append(f"{name} ({json.dumps(a)} → {json.dumps(b)})")
+    return out
+
+
+def check_resume(layout: RunLayout, profile: Profile) -> None:
+    """One profile per run: resuming with any field changed (a `--set`, an edited YAML) would run
+    with one profile and report with another, so it is refused, naming the fields."""
+    if not layout.manifest.exists():
+        return
+    old = read_json(layout.manifest).get("profile")
+    new = json.loads(dumps(profile_dict(profile)))
+    changes = profile_changes(old if isinstance(old, dict) else {}, new)
+    if changes:
+        more = f", and {len(changes) - SHOWN_CHANGES} more" if len(changes) > SHOWN_CHANGES else ""
+        raise DefinitionMismatch(
+            f"{layout.root}: the profile's definitions changed since the run began: "
+            f"{'; '.join(changes[:SHOWN_CHANGES])}{more}; one profile per run: resume with the profile "
+            "and --set flags it began with, or use a new --run-id or --fresh"
+        )
 
 
 def git_sha(where: Path) -> str | None:

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from deepinfer_harness.layout import jsonl_objects
 from deepinfer_harness.strict_json import dumps, numbers
 
 # the fields holding text; every other field holds numbers, where "inf" is read back as a number
@@ -151,13 +151,8 @@ class JsonlWriter:
 
 
 def read_records(path: Path) -> list[RequestRecord]:
-    """Records from a JSONL file; a torn last line (killed mid-write) is ignored."""
-    out = []
+    """Records from a JSONL file; a torn last line (killed mid-write) is ignored, any other line
+    that does not parse is a ResultFileError naming it (layout.jsonl_objects)."""
     if not path.exists():
-        return out
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            out.append(RequestRecord.from_json(json.loads(line)))
-        except json.JSONDecodeError:
-            continue
-    return out
+        return []
+    return [RequestRecord.from_json(obj) for obj in jsonl_objects(path)]

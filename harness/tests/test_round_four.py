@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -10,9 +11,15 @@ from pathlib import Path
 
 import pytest
 
+from deepinfer_harness.cli import main
+from deepinfer_harness.config import ConfigError, load_profile
+from deepinfer_harness.records import read_records
 from deepinfer_harness.run import stale
+from deepinfer_harness.run.preflight import read_config
 from deepinfer_harness.run.procs import MARKER_ENV, Identity
 
+from .test_pipeline_fake import bench, write_profile
+from .test_round_two import NO_PORTS
 from .test_run_guards import alive, free_port, start_harness_that_dies, wait_for
 
 
@@ -122,3 +129,131 @@ def test_an_orphan_of_ours_records_what_cannot_collide(tmp_path):
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+# defect 2: one profile per run: a resume that changes any field refuses, naming it
+
+PREFILL_ONLY = {
+    "decode": {"isl": 64, "osl": 32, "concurrencies": [], "warmup_s": 0.1, "window_s": 0.4, "min_steps": 10},
+    "nll": [],
+    "greedy": {"isl": 32, "osl": 8, "concurrencies": [], "n": 4},
+    "ttft_isls": [],
+    "prefill": {"isls": [128], "n": 2, "concurrent": []},
+}
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_a_resume_that_changes_the_profile_refuses_naming_the_field(fake_server, tmp_path, capsys):
+    fake_server.configure()
+    profile = write_profile(tmp_path, fake_server.url, plan=PREFILL_ONLY)
+    assert bench(tmp_path, profile, "--no-charts") == 0
+    root = tmp_path / "results" / "fake"
+    before = _tree(root)
+    capsys.readouterr()
+    assert bench(tmp_path, profile, "--no-charts", "--set", "validity.loop_lag_share=0.05") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "validity.loop_lag_share (null → 0.05)" in err[0], err
+    assert "one profile per run" in err[0]
+    assert _tree(root) == before  # nothing ran, nothing rewritten
+    assert bench(tmp_path, profile, "--no-charts") == 0  # the same profile resumes
+
+
+# defect 5: inputs that passed validation, then crashed or wasted a run: one line, exit 2, first
+
+
+def _one_line_exit_2(argv: list[str], capsys, needle: str) -> None:
+    capsys.readouterr()
+    rc = main(argv)
+    err = capsys.readouterr().err.strip()
+    assert rc == 2, err
+    assert len(err.splitlines()) == 1 and err.startswith("error: ") and needle in err, err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("override", "needle"),
+    [
+        ("plan.decode.window_s=.inf", "plan.decode.window_s = inf: must be a finite number"),
+        ("plan.slo.ttft_ms=.inf", "plan.slo.ttft_ms = inf: must be a finite number"),
+        ("plan.decode.warmup_s=.nan", "plan.decode.warmup_s = nan: must be a finite number"),
+    ],
+)
+def test_a_non_finite_number_is_refused_where_it_means_nothing(override, needle, capsys, tmp_path):
+    for cmd in (["validate"], ["bench-ab", "--dry-run", "--results", str(tmp_path), *NO_PORTS]):
+        _one_line_exit_2([*cmd, "--profile", "smoke", "--set", override], capsys, needle)
+    assert load_profile("smoke", ["plan.rate.rates=[.inf]"]).plan.rate.rates == [math.inf]  # all at once
+
+
+def test_a_key_given_twice_in_a_profile_is_refused(capsys, tmp_path):
+    path = tmp_path / "dup.yaml"
+    path.write_text("name: dup\nplan:\n  decode:\n    window_s: 10\n    window_s: 20\n")
+    _one_line_exit_2(
+        ["validate", "--profile", str(path)], capsys, "plan.decode.window_s is given twice (lines 4 and 5)"
+    )
+    path.write_text("name: dup\nab:\n  aa: true\nab:\n  repetitions: 2\n")
+    _one_line_exit_2(["validate", "--profile", str(path)], capsys, "ab is given twice (lines 2 and 4)")
+
+
+def test_a_served_model_name_the_url_server_does_not_serve_is_refused(fake_server, tmp_path, capsys):
+    fake_server.configure()
+    profile = write_profile(tmp_path, fake_server.url, plan=PREFILL_ONLY, served_model_name="wrong")
+    capsys.readouterr()
+    assert bench(tmp_path, profile, "--no-charts") == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"error: served_model_name = 'wrong': server A at {fake_server.url} serves ['fake']", err
+    assert not (tmp_path / "results" / "fake" / "manifest.json").exists()  # nothing ran
+
+
+@pytest.fixture
+def finished_run(fake_server, tmp_path, capsys):
+    fake_server.configure()
+    profile = write_profile(tmp_path, fake_server.url, plan=PREFILL_ONLY)
+    assert bench(tmp_path, profile, "--no-charts") == 0
+    capsys.readouterr()
+    return profile, tmp_path / "results" / "fake"
+
+
+@pytest.mark.parametrize("name", ["manifest.json", "A.r0.summary.json", "A.r0.cell.json"])
+def test_a_truncated_result_file_is_one_line_on_resume_and_report(finished_run, tmp_path, capsys, name):
+    profile, root = finished_run
+    path = root / name if name == "manifest.json" else next((root / "cells").glob(f"*/{name}"))
+    path.write_text(path.read_text()[:40])
+    before = _tree(root)
+    needle = f"{path}: not valid JSON at line"
+    _one_line_exit_2(["report", str(root)], capsys, needle)
+    _one_line_exit_2(_bench_argv(tmp_path, profile), capsys, needle)
+    assert _tree(root) == before  # nothing lost, nothing rewritten
+
+
+def test_a_garbage_line_inside_a_jsonl_is_refused_a_torn_last_line_is_not(finished_run, tmp_path, capsys):
+    profile, root = finished_run
+    path = next((root / "cells").glob("*/A.r0.jsonl"))
+    good = path.read_text()
+    path.write_text(good + '{"torn": ')  # a kill mid-write: no newline after it
+    assert len(read_records(path)) == len(good.splitlines())
+    lines = good.splitlines()
+    path.write_text("\n".join([lines[0], "garbage", *lines[1:]]) + "\n")
+    before = _tree(root)
+    _one_line_exit_2(_bench_argv(tmp_path, profile), capsys, f"{path}: line 2 is not JSON")
+    _one_line_exit_2(["report", str(root)], capsys, f"{path}: line 2 is not JSON")
+    assert _tree(root) == before
+
+
+def _bench_argv(tmp_path: Path, profile: Path) -> list[str]:
+    results, charts = str(tmp_path / "results"), str(tmp_path / "charts")
+    profile_args = ["--profile", str(profile), "--run-id", "fake", "--no-progress"]
+    return ["bench-ab", *profile_args, "--results", results, "--charts", charts]
+
+
+def test_skip_check_model_is_not_undone_by_the_host_memory_check(tmp_path, capsys):
+    empty = tmp_path / "ckpt"
+    empty.mkdir()
+    base = ["bench-ab", "--profile", "tiny-v41", "--results", str(tmp_path / "r"), "--dry-run", *NO_PORTS]
+    _one_line_exit_2([*base, "--model", str(empty)], capsys, "has no config.json")  # the model check
+    capsys.readouterr()
+    assert main([*base, "--model", str(empty), "--skip-check", "model"]) == 0, capsys.readouterr().err
+    with pytest.raises(ConfigError, match=r"has no config\.json"):  # never "not valid JSON"
+        read_config(empty)

@@ -30,7 +30,7 @@ from deepinfer_harness.config import VARIANTS, ConfigError, Profile
 from deepinfer_harness.prompts import CANARY
 from deepinfer_harness.run.launch import Launch, build_launch, local_command
 from deepinfer_harness.run.ports import describe_holder, port_free
-from deepinfer_harness.run.server import health_ok
+from deepinfer_harness.run.server import health_ok, served_models
 from deepinfer_harness.topology import split_text
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
@@ -98,6 +98,8 @@ def check_model(model: str, model_types: list[str] | None = None) -> None:
 
 
 def read_config(path: Path) -> dict[str, Any]:
+    if not (path / "config.json").is_file():
+        raise ConfigError(f"model directory {path} has no config.json")
     try:
         config = json.loads((path / "config.json").read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -265,8 +267,8 @@ def check_host_memory(profile: Profile, model: str, launch: Launch) -> str | Non
     """Pinned host memory for the Engram tables (issue 22 item 6) through H3's integration module,
     imported only when installed (the harness itself never needs torch); the server's own
     --engram-config and --data-parallel-size decide what is pinned on this host."""
-    if profile.server.mode == "url" or not Path(model).is_dir():
-        return None
+    if profile.server.mode == "url" or not (Path(model) / "config.json").is_file():
+        return None  # nothing to size the tables from (a missing config.json is the model check's)
     try:
         module: Any = importlib.import_module(ENGRAM_MEMORY)
     except ImportError:
@@ -346,10 +348,20 @@ def check_output(root: Path) -> None:
 
 
 def check_urls(profile: Profile) -> None:
+    """Each server answers /health and, when the profile names the served model, lists it in
+    /v1/models (a wrong name would otherwise make every request a 404 and every run invalid)."""
     for v in VARIANTS:
         url = profile.server.urls[v].rstrip("/")
         if not health_ok(url, timeout_s=5.0):
             raise ConfigError(f"server {v} at {url} does not answer GET /health (is it running?)")
+        name = profile.served_model_name
+        if name is None:
+            continue
+        served = served_models(url)
+        if served is None:
+            raise ConfigError(f"server {v} at {url}: GET /v1/models does not list its models")
+        if name not in served:
+            raise ConfigError(f"served_model_name = {name!r}: server {v} at {url} serves {served}")
 
 
 def check_distinct(launches: dict[str, Launch], aa: bool) -> None:

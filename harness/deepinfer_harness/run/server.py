@@ -14,6 +14,7 @@ by the next harness on that run or port (run/stale.py).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -26,6 +27,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from deepinfer_harness.layout import write_json
 from deepinfer_harness.run.launch import Launch
@@ -153,12 +155,35 @@ def parse_log(text: str) -> dict:
     return facts
 
 
-def health_ok(base_url: str, timeout_s: float = 2.0) -> bool:
+def get_json(url: str, timeout_s: float) -> tuple[int, Any]:
+    """The one blocking HTTP probe (health, model list): (status, parsed body or None); status 0
+    when nothing answered. The measured requests go through the aiohttp client (run/client.py)."""
     try:
-        with urllib.request.urlopen(f"{base_url}/health", timeout=timeout_s) as resp:
-            return resp.status == 200
+        with urllib.request.urlopen(url, timeout=timeout_s) as resp:
+            body = resp.read()
+            status = resp.status
+    except urllib.error.HTTPError as exc:
+        return exc.code, None
     except (urllib.error.URLError, OSError, ValueError):
-        return False
+        return 0, None
+    try:
+        return status, json.loads(body) if body.strip() else None
+    except ValueError:
+        return status, None
+
+
+def health_ok(base_url: str, timeout_s: float = 2.0) -> bool:
+    return get_json(f"{base_url}/health", timeout_s)[0] == 200
+
+
+def served_models(base_url: str, timeout_s: float = 10.0) -> list[str] | None:
+    """The model ids GET /v1/models lists; None when it answers no such list."""
+    status, body = get_json(f"{base_url}/v1/models", timeout_s)
+    try:
+        ids = [str(m["id"]) for m in body["data"]] if status == 200 else None
+    except (TypeError, KeyError):
+        return None
+    return ids or None
 
 
 def wait_healthy(
