@@ -188,6 +188,21 @@ def cmd_bench_ab(args: argparse.Namespace) -> int:
         return _bench_ab(args, profile, layout, charts_dir, evidence, skip)
 
 
+def _missing_cause(layout: RunLayout, cells: list, missing: list, failures: list[str]) -> str:
+    """Why runs are missing, truly: sweep points no probe run could place, a session that could
+    not run (its cause), else a server that died mid-session."""
+    from deepinfer_harness.run.sweep import unplaced
+
+    reasons = unplaced(layout, cells)
+    probe_of = {c.id: c.sweep_probe for c in cells}
+    ids = [m.get("cell_id") if isinstance(m, dict) else str(m).split("/")[0] for m in missing]
+    if reasons and all(probe_of.get(i) in reasons for i in ids):
+        return "; ".join(reasons.values())
+    if failures:
+        return failures[0].splitlines()[0]
+    return "a server died mid-session"
+
+
 def _stale_servers(args: argparse.Namespace, profile: Profile, run_id: str) -> list[str]:
     """Servers a killed harness left behind on this run or this run's ports (run/stale.py):
     stopped when their harness is gone, named when it is alive; a dry run only names them."""
@@ -280,7 +295,7 @@ def _bench_ab(
         progress.say(f"{len(written)} chart files under {charts_dir}")
     progress.say(f"{headline(summary)}; results: {layout.root} (table: {layout.root / 'ab.md'})")
     if summary["missing_runs"]:  # 0 runs completed included: never exit 0
-        cause = outcome.failures[0].splitlines()[0] if outcome.failures else "a server died mid-session"
+        cause = _missing_cause(layout, cells, summary["missing_runs"], outcome.failures)
         progress.say(
             f"error: {len(summary['missing_runs'])} runs missing ({cause}); resume with --run-id {run_id}"
         )

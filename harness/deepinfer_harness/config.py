@@ -648,7 +648,7 @@ def _coerce(hint: Any, value: Any, where: str) -> Any:
         ok = isinstance(value, int | float) and not isinstance(value, bool)
         value = float(value) if ok else value
         if ok and not math.isfinite(value) and not where.startswith(INF_ALLOWED):
-            raise ConfigError(f"{where} = {value!r}: must be a finite number")
+            raise ConfigError(f"{where} = {value!r}: must be finite")
     elif hint is str:
         ok = isinstance(value, str | int | float) and not isinstance(value, bool)  # env: "1" or 1
         value = str(value) if ok else value

@@ -11,10 +11,13 @@ from pathlib import Path
 
 import pytest
 
+from deepinfer_harness.cells import parse_cell
 from deepinfer_harness.cli import main
 from deepinfer_harness.config import ConfigError, load_profile
+from deepinfer_harness.layout import RunKey, RunLayout, read_json, write_json
+from deepinfer_harness.plan import CellDef
 from deepinfer_harness.records import read_records
-from deepinfer_harness.run import stale
+from deepinfer_harness.run import stale, sweep
 from deepinfer_harness.run.preflight import read_config
 from deepinfer_harness.run.procs import MARKER_ENV, Identity
 
@@ -176,9 +179,9 @@ def _one_line_exit_2(argv: list[str], capsys, needle: str) -> None:
 @pytest.mark.parametrize(
     ("override", "needle"),
     [
-        ("plan.decode.window_s=.inf", "plan.decode.window_s = inf: must be a finite number"),
-        ("plan.slo.ttft_ms=.inf", "plan.slo.ttft_ms = inf: must be a finite number"),
-        ("plan.decode.warmup_s=.nan", "plan.decode.warmup_s = nan: must be a finite number"),
+        ("plan.decode.window_s=.inf", "plan.decode.window_s = inf: must be finite"),
+        ("plan.slo.ttft_ms=.inf", "plan.slo.ttft_ms = inf: must be finite"),
+        ("plan.decode.warmup_s=.nan", "plan.decode.warmup_s = nan: must be finite"),
     ],
 )
 def test_a_non_finite_number_is_refused_where_it_means_nothing(override, needle, capsys, tmp_path):
@@ -257,3 +260,48 @@ def test_skip_check_model_is_not_undone_by_the_host_memory_check(tmp_path, capsy
     assert main([*base, "--model", str(empty), "--skip-check", "model"]) == 0, capsys.readouterr().err
     with pytest.raises(ConfigError, match=r"has no config\.json"):  # never "not valid JSON"
         read_config(empty)
+
+
+# defect 3: a probe invalid for host load alone still anchors the sweep; the exit says the true cause
+
+PROBE = "rate-i16-o4-rinf-poisson"
+HOST_LOAD = "host load: client event-loop lag p99 3.00 ms > 5% of the cell's p99 TTFT 20.0 ms"
+
+
+def test_a_probe_invalid_for_host_load_alone_anchors_the_sweep(tmp_path):
+    layout = RunLayout(tmp_path / "run")
+    write_json(layout.manifest, {"schedule": [{"variant": "A", "rep": 0}, {"variant": "B", "rep": 0}]})
+    point = CellDef(parse_cell("rate-i16-o4-r1of4max-poisson"), n=4, params={"sweep_probe": PROBE})
+    summary = {"validity": {"valid": False, "violations": [HOST_LOAD]}, "request_throughput": 40.0}
+    write_json(layout.run_file(RunKey(PROBE, "A", 0), "summary.json"), summary)
+    assert sweep.rate_for(layout, point, [point]) == pytest.approx(10.0)
+    decision = read_json(layout.manifest)["sweeps"][PROBE]
+    assert decision["probe_run"] == "A.r0" and decision["probe_run_validity"] == "invalid for host load alone"
+    # a correctness failure is never an anchor, with or without host load beside it
+    other = RunLayout(tmp_path / "other")
+    write_json(other.manifest, {"schedule": [{"variant": "A", "rep": 0}]})
+    broken = {
+        "validity": {"valid": False, "violations": [HOST_LOAD, "request 3: HTTP 500"]},
+        "request_throughput": 40.0,
+    }
+    write_json(other.run_file(RunKey(PROBE, "A", 0), "summary.json"), broken)
+    assert sweep.rate_for(other, point, [point]) is None
+    why = sweep.unplaced(other, [point])[PROBE]
+    assert why == (
+        f"the sweep points of {PROBE} have no rate: no run of {PROBE} could anchor them (A.r0: {HOST_LOAD})"
+    )
+
+
+def test_missing_sweep_points_are_blamed_on_their_probe_not_a_dead_server(fake_server, tmp_path, capsys):
+    plan = {"rate": {"rates": [], "n": 6, "isl": 16, "osl": 4, "sweep": {"points": 2}, "max_concurrency": 3}}
+    profile = write_profile(tmp_path, fake_server.url, plan=plan)
+    fake_server.configure(mode="error_after_200", fail_after_events=1)  # every run invalid, the probe too
+    try:
+        assert bench(tmp_path, profile, "--no-charts") == 4
+    finally:
+        fake_server.configure()
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith(f"error: 8 runs missing (the sweep points of {PROBE} have no rate: no run of"), (
+        last
+    )
+    assert "server died" not in last

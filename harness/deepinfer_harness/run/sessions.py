@@ -227,7 +227,8 @@ async def run_session(
                 if offered is None:
                     opts.say(
                         f"{key}: not run: its rate is k/N of the throughput of {cdef.sweep_probe}, which "
-                        "has no valid run yet (resume runs it once one exists)"
+                        "has no valid run yet, nor one invalid for host load alone (resume runs it once "
+                        "one exists)"
                     )
                     continue
             layout.retire(key)
