@@ -360,7 +360,8 @@ def render_sanitize(res: Results, args: dict[str, str]) -> str:
 
 
 def render_value(res: Results, args: dict[str, str]) -> str:
-    """One value of a JSON by path (`results.decode_64K_r1.logits_us`), formatted like the tables."""
+    """One value of a JSON by path (`results.decode_64K_r1.logits_us`), formatted like the tables;
+    `scale=` divides it first (bytes as GB, seconds as minutes), `digits=` and `unit=` as given."""
     node: object = res.json(_need(args, "file"))
     for key in _need(args, "path").split("."):
         if isinstance(node, list):
@@ -370,6 +371,8 @@ def render_value(res: Results, args: dict[str, str]) -> str:
         else:
             raise ReportError(f"results/{args['file']}: no {args['path']!r}")
     unit = f" {args['unit']}" if args.get("unit") else ""
+    if "scale" in args and isinstance(node, int | float):  # e.g. scale=1e9 for bytes shown in GB
+        node = node / float(args["scale"])
     if isinstance(node, float):
         return num(node, int(args["digits"]) if "digits" in args else None) + unit
     return f"{node}{unit}"
@@ -618,6 +621,45 @@ def render_count_greater(res: Results, args: dict[str, str]) -> str:
     return f"{sum(x > y for x, y in pairs)} of {len(pairs)}"
 
 
+def render_serve_command(res: Results, args: dict[str, str]) -> str:
+    """The owner's `docker run … vllm serve …` for a deployment (scripts/serving.py), built from the
+    harness profile `profile=` with the harness's own serve_args / serve_env (not from results/)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import serving
+
+    name = _need(args, "profile")
+    if name not in {d.profile for d in serving.DEPLOYMENTS}:
+        raise ReportError(f"{name} is not a deployment of scripts/serving.py")
+    return serving.render(name)
+
+
+def render_hardware_fit(res: Results, args: dict[str, str]) -> str:
+    """Per card size and stage of one deployment (`profile=`) in results/hardware-fit.json: weights per
+    GPU, one max_model_len request's KV, the reserve, what is left (GiB), and vLLM's KV tokens."""
+    doc = res.json(_need(args, "file"))
+    name = _need(args, "profile")
+    dep = next((d for d in doc.get("deployments", []) if d["profile"] == name), None)
+    if dep is None:
+        raise ReportError(f"results/{args['file']}: no deployment {name}")
+    out = []
+    for card in dep["cards"]:
+        for s in card["stages"]:
+            layers = f"{s['layers'][0]}-{s['layers'][1]}" + (
+                f" + draft {s['draft_layers'][0]}-{s['draft_layers'][1]}" if s["draft_layers"] else ""
+            )
+            verdict = (
+                f"fits: {card['kv_cache_size_tokens']:,} KV tokens"
+                if card["fits"]
+                else f"does not fit ({card['cause']})"
+            )
+            gib = [card["requested_gib"], s["weights_gib"], s["kv_one_request_gib"]]
+            out.append([f"{card['card_gib']:g} GB", str(s["rank"]), layers, *(f"{x:.2f}" for x in gib),
+                        f"{card['reserve_gib']:g}", f"{s['left_gib']:.2f}", verdict])  # fmt: skip
+    header = ["card", "stage", "layers", "vLLM may use (GiB)", "weights / GPU", "KV of one 1M request",
+              "reserve", "left", "the deployment"]  # fmt: skip
+    return table(header, out)
+
+
 def render_run_wall(res: Results, args: dict[str, str]) -> str:
     """`M.m min` from a bench-ab run's manifest.json: ended_at - started_at (epoch seconds)."""
     doc = res.json(_need(args, "file"))
@@ -650,6 +692,8 @@ RENDERERS: dict[str, Callable[[Results, dict[str, str]], str]] = {
     "ab-pairs": render_ab_pairs,
     "run-wall": render_run_wall,
     "count-greater": render_count_greater,
+    "serve-command": render_serve_command,
+    "hardware-fit": render_hardware_fit,
     "image-smoke": render_image_smoke,
 }
 
