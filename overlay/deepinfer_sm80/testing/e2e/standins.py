@@ -841,10 +841,31 @@ def _cpu_platform_config(module: Any) -> None:
             upstream(platform, vllm_config)
         finally:
             torch.cpu._is_amx_tile_supported = amx
+        if os.environ.get(ENV_SCHEDULER) == "async":
+            _async_scheduling(vllm_config)
 
     check_and_update_config._e2e_standin = True  # type: ignore[attr-defined]
     cls.check_and_update_config = classmethod(check_and_update_config)
     _note("cpu_platform_config_as_amx")
+
+
+ENV_SCHEDULER = "DEEPINFER_E2E_SCHEDULER"  # "async": the GPU's scheduler on the CPU rig (runner's PP/DSpark)
+
+
+def _async_scheduling(vllm_config: Any) -> None:
+    """The asynchronous scheduler, as every GPU engine of ours runs it, on the CPU rig (a stand-in).
+
+    Replaces: `platforms/cpu.py:329-330` (`scheduler_config.async_scheduling = False`, "not required on
+    CPU"), which runs after `config/vllm.py:1546-1644` has decided the setting. On CUDA that decision
+    stands: async unless an option rules it out (pooling, a drafter other than EAGLE/MTP/DSpark/..., an
+    executor without it, PP on model runner V1), so `mp` and Ray (RayExecutorV2) engines schedule
+    asynchronously. The stand-in re-applies that decision's outcome for the executors it names: on with
+    `mp` or `uni` (both declare `supports_async_scheduling`), left off otherwise."""
+    from vllm.v1.executor.abstract import Executor
+
+    if Executor.get_class(vllm_config).supports_async_scheduling():
+        vllm_config.scheduler_config.async_scheduling = True
+        _note("async_scheduler_on_cpu")
 
 
 # ----------------------------------------------------------------------------- 8/10. torch CPU gaps
@@ -1049,6 +1070,515 @@ def install() -> None:
     _after_import("vllm.model_executor.layers.sparse_attn_indexer")(_indexer_dispatch)
     _after_import("vllm._custom_ops")(_custom_ops)
     _after_import("vllm.distributed.device_communicators.cpu_communicator")(_pp_over_gloo)
+    from deepinfer_sm80.testing.e2e import coverage
+
+    coverage.install()
+
+
+# =============================================================================================
+# CUDA stand-ins (issue 38: the engine on a GPU). Owned by the GPU-engine work; the CPU section
+# above is untouched by it. `install_cuda()` runs from the GPU startup hook (`gpu_hook/`) when
+# DEEPINFER_E2E_CUDA=1, never on the production path. They replace only vLLM 0.32.0's compiled
+# extensions (`_C_stable_libtorch`, `_moe_C_stable_libtorch`: built for torch 2.13, the lent GPU
+# has torch 2.11), each by a PyTorch (or tiny Triton store) body that is safe inside CUDA-graph
+# capture: no host synchronisation, no data-dependent shapes. The project's kernels never get one.
+# =============================================================================================
+CUDA_ENV_SWITCH = "DEEPINFER_E2E_CUDA"
+CUDA_APPLIED: list[str] = []  # the CUDA stand-ins that took effect in this process (for the evidence)
+_CUDA_INSTALLED: list[bool] = []
+# vLLM's compiled extension modules (wheel RECORD) that a torch-2.11 box cannot load; importing one
+# gives an empty module, so `platforms/cuda.py:23` (`import vllm._C_stable_libtorch`) passes and each
+# op it would have registered is either stood in below or fails by name when called.
+COMPILED_EXTENSIONS = (
+    "vllm._C_stable_libtorch",
+    "vllm._moe_C_stable_libtorch",
+    "vllm._qutlass_C",
+    "vllm._flashmla_C",
+    "vllm._flashmla_extension_C",
+    "vllm._deepselect_C",
+    "vllm.cumem_allocator",
+)
+# MXFP8 linear kernels ahead of vLLM's own EmulationMxfp8LinearKernel in the CUDA list
+# (`kernels/linear/__init__.py:552-560`): each needs a compiled library the box lacks (FlashInfer,
+# `_C.marlin_gemm`, B12x). Disabled through vLLM's own VLLM_DISABLED_KERNELS, so the emulation
+# kernel (MXFP8 dequantized to bf16 at load, then F.linear = cuBLAS) serves; on sm_80 Marlin MXFP8 does.
+MXFP8_KERNELS_WITHOUT_LIBRARY = (
+    "FlashInferCutedslMxfp8LinearKernel",
+    "FlashInferCutlassMxfp8LinearKernel",
+    "MarlinMxfp8LinearKernel",
+    "B12xMxfp8LinearKernel",
+)
+# Every CUDA stand-in: name -> (the upstream compiled op or library it replaces, what serves on sm_80).
+CUDA_STANDINS: dict[str, tuple[str, str]] = {
+    "compiled_extensions_absent": (
+        "vllm._C_stable_libtorch / _moe_C_stable_libtorch / ... (import at platforms/cuda.py:23)",
+        "the wheel's compiled extensions (torch 2.13 ABI)",
+    ),
+    "fused_qnorm_rope_kv_insert_cuda": (
+        "torch.ops._C.fused_deepseek_v4_qnorm_rope_kv_rope_quant_insert (attention.py:1072, csrc)",
+        "that CUDA op",
+    ),
+    "fused_kv_rope_insert_cuda": (
+        "torch.ops._C.fused_deepseek_v4_kv_rope_insert (dspark.py:268, attention.py:699, csrc)",
+        "that CUDA op",
+    ),
+    "indexer_k_gather_cuda": (
+        "torch.ops._C_cache_ops.cp_gather_indexer_k_quant_cache (_custom_ops.py:3071)",
+        "that CUDA op",
+    ),
+    "persistent_topk_cuda": (
+        "torch.ops._C.top_k_per_row_prefill / top_k_per_row_decode (_custom_ops.py:3027/3049)",
+        "those CUDA ops",
+    ),
+    "mxfp8_linear_emulation": (
+        "Marlin MXFP8 (_C.marlin_gemm) and FlashInfer/B12x MXFP8 GEMMs (kernels/linear/__init__.py:552)",
+        "MarlinMxfp8LinearKernel",
+    ),
+    "mxfp4_moe_dense_torch_cuda": (
+        "Marlin MXFP4 MoE (_moe_C.moe_wna16_marlin_gemm, experts/marlin_moe.py), reached through vLLM's "
+        "CPU MXFP4 experts class (--moe-backend cpu) whose AMX op (_C.fused_experts_cpu) is replaced",
+        "Marlin MXFP4 MoE (W4A16)",
+    ),
+    "mhc_reference_cuda": (
+        "TileLang mhc_pre_delayed / mhc_post / fused shifted post-pre (kernels/mhc/tilelang.py; TileLang "
+        "is not on the lent GPU)",
+        "upstream's TileLang kernels",
+    ),
+}
+
+
+def _cuda_note(name: str) -> None:
+    if name not in CUDA_APPLIED:
+        CUDA_APPLIED.append(name)
+
+
+class _CompiledExtensionFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """An empty module for each of COMPILED_EXTENSIONS (the wheel's `.so` files do not travel)."""
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname in COMPILED_EXTENSIONS:
+            return importlib.machinery.ModuleSpec(fullname, self)
+        return None
+
+    def create_module(self, spec: Any) -> Any:
+        import types
+
+        module = types.ModuleType(spec.name)
+        module.__doc__ = f"DeepInfer-SM80 GPU e2e: {spec.name} is a compiled extension this box cannot load"
+        return module
+
+    def exec_module(self, module: Any) -> None:
+        _cuda_note("compiled_extensions_absent")
+
+
+def _gptj_rope_2d(x: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor) -> torch.Tensor:
+    """GPT-J rotation of the last rot_dim lanes of x [T, D] (`_gptj_rope` on one head)."""
+    return _gptj_rope(x[:, None, :], positions, cos_sin_cache)[:, 0]
+
+
+def _ds_mla_records(kv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """bf16 kv [T, 512] (RoPE already applied) -> (data [T, 576] u8, scales [T, 8] u8): the 584-byte
+    record of docs/FP8_DS_MLA.md, as `ops/kv_quant_insert.quantize_and_insert_ref` encodes it, with no
+    host synchronisation (graph-safe)."""
+    from deepinfer_sm80.formats.fp8_ds_mla import (
+        AMAX_FLOOR,
+        GROUP,
+        N_GROUPS,
+        NOPE_DIM,
+        SCALE_BYTES,
+        UE8M0_BIAS,
+    )
+    from deepinfer_sm80.ops.fp8 import E4M3_MAX, e4m3_encode_ref
+
+    t = kv.shape[0]
+    nope = kv[:, :NOPE_DIM].float().reshape(t, N_GROUPS, GROUP)
+    amax = nope.abs().amax(-1).clamp_min(AMAX_FLOOR)
+    frac, exp = torch.frexp(amax.double() / E4M3_MAX)
+    e = (exp - (frac == 0.5).to(exp.dtype)).double()
+    codes = e4m3_encode_ref(nope * torch.exp2(-e).float()[..., None]).reshape(t, NOPE_DIM)
+    rope = kv[:, NOPE_DIM:].contiguous().view(torch.uint8)
+    scales = torch.zeros(t, SCALE_BYTES, dtype=torch.uint8, device=kv.device)
+    scales[:, :N_GROUPS] = (e + UE8M0_BIAS).clamp(0, 255).to(torch.uint8)
+    return torch.cat([codes, rope], 1).contiguous(), scales
+
+
+_STORE_KERNEL: list[Any] = []
+
+
+def _store_kernel() -> Any:
+    """A Triton copy of each token's record bytes to its slot; slot < 0 skipped (graph-safe: the torch
+    form of a masked scatter needs the live count on the host)."""
+    if _STORE_KERNEL:
+        return _STORE_KERNEL[0]
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    # Triton reads parameter annotations: only the constexpr carries one
+    def store_records(src, slots, dst, page_stride, block_size, region_off, row_bytes, dst_row_bytes, BLOCK: tl.constexpr) -> None:  # noqa: ANN001, E501
+        t = tl.program_id(0)
+        slot = tl.load(slots + t).to(tl.int64)
+        if slot >= 0:
+            blk = slot // block_size
+            pos = slot % block_size
+            cols = tl.arange(0, BLOCK)
+            m = cols < row_bytes
+            v = tl.load(src + t * row_bytes + cols, mask=m)
+            tl.store(dst + blk * page_stride + region_off + pos * dst_row_bytes + cols, v, mask=m)
+
+    _STORE_KERNEL.append(store_records)
+    return store_records
+
+
+def _insert_records(
+    kv_roped: torch.Tensor, cache: torch.Tensor, slot_mapping: torch.Tensor, block_size: int
+) -> None:
+    from deepinfer_sm80.formats.fp8_ds_mla import DATA_BYTES, SCALE_BYTES
+
+    t = slot_mapping.shape[0]
+    if t == 0:
+        return
+    data, scales = _ds_mla_records(kv_roped[:t])
+    page = cache.view(cache.shape[0], -1) if cache.dim() != 2 else cache
+    kernel = _store_kernel()
+    slots = slot_mapping.contiguous()
+    kernel[(t,)](data, slots, page, page.stride(0), block_size, 0, DATA_BYTES, DATA_BYTES, BLOCK=1024)
+    kernel[(t,)](scales, slots, page, page.stride(0), block_size, block_size * DATA_BYTES, SCALE_BYTES,
+                 SCALE_BYTES, BLOCK=8)  # fmt: skip
+
+
+def cuda_fused_qnorm_rope_kv_rope_quant_insert(
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    swa_kv_cache_2d: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    pad_to: int,
+    eps: float,
+    block_size: int,
+    apply_q_norm: bool,
+    kv_mxfp8: bool,
+    apply_q_rope: bool,
+    is_q_interleaved: bool,
+) -> torch.Tensor:
+    """Q: GPT-J RoPE of its last lanes (in place, or into a [T, pad_to, D] copy); KV: GPT-J RoPE, the
+    584-byte fp8_ds_mla record, stored at slot_mapping (slot -1 skipped).
+
+    Replaces: `torch.ops._C.fused_deepseek_v4_qnorm_rope_kv_rope_quant_insert`, called at
+    `models/deepseek_v41/attention.py:1072` (CUDA C++, csrc). On sm_80 that CUDA op serves.
+    """
+    if kv_mxfp8 or apply_q_norm or is_q_interleaved:
+        raise NotImplementedError(
+            f"e2e CUDA insert stand-in: kv_mxfp8={kv_mxfp8} apply_q_norm={apply_q_norm} "
+            f"interleaved={is_q_interleaved} (sm_80 uses none of them)"
+        )
+    t = slot_mapping.shape[0]
+    kv_roped = _gptj_rope_2d(kv[:t], positions[:t], cos_sin_cache)
+    _insert_records(kv_roped, swa_kv_cache_2d, slot_mapping, block_size)
+    q_rot = _gptj_rope(q, positions[: q.shape[0]], cos_sin_cache) if apply_q_rope else q
+    _cuda_note("fused_qnorm_rope_kv_insert_cuda")
+    if pad_to == 0:
+        q.copy_(q_rot)
+        return q.new_empty(0)
+    out = q.new_zeros(q.shape[0], pad_to, q.shape[2])
+    out[:, : q.shape[1]] = q_rot
+    return out
+
+
+def cuda_fused_kv_rope_insert(
+    kv: torch.Tensor,
+    cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    block_size: int,
+    kv_scale: torch.Tensor | None,
+    kv_mxfp8: bool,
+) -> None:
+    """The KV half of the fused insert alone.
+
+    Replaces: `torch.ops._C.fused_deepseek_v4_kv_rope_insert` (CUDA C++), called by DSpark's context KV
+    (`models/deepseek_v41/nvidia/dspark.py:268`) and `attention.py:699`. On sm_80 that op serves.
+    """
+    if kv_mxfp8 or kv_scale is not None or cache.dtype != torch.uint8:
+        raise NotImplementedError(
+            f"e2e CUDA KV insert stand-in: {cache.dtype} mxfp8={kv_mxfp8} (sm_80: fp8_ds_mla)"
+        )
+    t = slot_mapping.shape[0]
+    _insert_records(_gptj_rope_2d(kv[:t], positions[:t], cos_sin_cache), cache, slot_mapping, block_size)
+    _cuda_note("fused_kv_rope_insert_cuda")
+
+
+def cuda_cp_gather_indexer_k_quant_cache(
+    kv_cache: torch.Tensor,
+    dst_k: torch.Tensor,
+    dst_scale: torch.Tensor,
+    block_table: torch.Tensor,
+    cu_seq_lens: torch.Tensor,
+) -> None:
+    """Each request's indexer-K states (128 code bytes + fp32 scale) gathered from the planar pages into
+    rows [cu[r], cu[r+1]) of dst; rows past cu[-1] keep their bytes. Vectorised (no host sync).
+
+    Replaces: `torch.ops._C_cache_ops.cp_gather_indexer_k_quant_cache` (`_custom_ops.py:3071`, CUDA C++),
+    called by the project's `integration/indexer_stream.py`; on sm_80 that CUDA op serves.
+    """
+    from deepinfer_sm80.formats.indexer_k import CODE_BYTES, state_views
+
+    codes, scales = state_views(kv_cache)
+    block_size = codes.shape[1]
+    k_bytes = dst_k.view(torch.uint8).reshape(dst_k.shape[0], -1)
+    s_bytes = dst_scale.view(torch.uint8).reshape(dst_scale.shape[0], -1)
+    if k_bytes.shape[1] != CODE_BYTES or s_bytes.shape[1] != 4:
+        raise ValueError(f"indexer gather: dst_k {tuple(dst_k.shape)} / dst_scale {tuple(dst_scale.shape)}")
+    n = k_bytes.shape[0]
+    rows = torch.arange(n, device=k_bytes.device)
+    cu = cu_seq_lens.long()
+    req = (torch.searchsorted(cu[1:].contiguous(), rows, right=True)).clamp(max=block_table.shape[0] - 1)
+    pos = (rows - cu[req]).clamp_min(0)
+    col = (pos // block_size).clamp(max=block_table.shape[1] - 1)
+    blocks = block_table[req, col].long().clamp_min(0)
+    offs = pos % block_size
+    live = (rows < cu[-1])[:, None]
+    k_bytes.copy_(torch.where(live, codes[blocks, offs], k_bytes))
+    s_new = scales[blocks, offs].contiguous().view(torch.uint8).reshape(n, 4)
+    s_bytes.copy_(torch.where(live, s_new, s_bytes))
+    _cuda_note("indexer_k_gather_cuda")
+
+
+def _masked_topk(rows: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, k: int, out: torch.Tensor) -> None:
+    """out[r, :k] = the top-k columns c of rows[r] with lo[r] <= c < hi[r], relative to lo[r], by value
+    descending, -1 padded where fewer exist. Graph-safe (fixed shapes)."""
+    width = rows.shape[1]
+    cols = torch.arange(width, device=rows.device)
+    valid = (cols[None, :] >= lo[:, None]) & (cols[None, :] < hi[:, None])
+    vals = torch.where(valid, rows.float(), torch.full_like(rows, float("-inf"), dtype=torch.float32))
+    kk = min(k, width)
+    top = torch.topk(vals, kk, dim=1)
+    ok = valid.gather(1, top.indices)
+    idx = torch.where(ok, top.indices - lo[:, None], torch.full_like(top.indices, -1))
+    out[:, :kk] = idx.to(out.dtype)
+    if kk < k:
+        out[:, kk:k] = -1
+
+
+def cuda_top_k_per_row_prefill(
+    logits: torch.Tensor,
+    cu_seqlen_ks: torch.Tensor,
+    cu_seqlen_ke: torch.Tensor,
+    raw_topk_indices: torch.Tensor,
+    num_rows: int,
+    stride0: int,
+    stride1: int,
+    topk_tokens: int,
+) -> None:
+    """Row r's top-k key positions within [ks[r], ke[r]) (relative to ks[r]), -1 padded.
+
+    Replaces: `torch.ops._C.top_k_per_row_prefill` (`_custom_ops.py:3027`, CUDA persistent top-k),
+    reached at the base level through `sparse_attn_indexer.py:711`. On sm_80 that CUDA kernel serves.
+    """
+    rows = logits.as_strided((num_rows, logits.shape[-1]), (stride0, stride1))
+    _masked_topk(rows, cu_seqlen_ks[:num_rows].long(), cu_seqlen_ke[:num_rows].long(), topk_tokens,
+                 raw_topk_indices[:num_rows])  # fmt: skip
+    _cuda_note("persistent_topk_cuda")
+
+
+def cuda_top_k_per_row_decode(
+    logits: torch.Tensor,
+    next_n: int,
+    seq_lens: torch.Tensor,
+    raw_topk_indices: torch.Tensor,
+    num_rows: int,
+    stride0: int,
+    stride1: int,
+    topk_tokens: int,
+) -> None:
+    """Decode row r (request r // next_n) keeps the top-k of its first seq_len - next_n + 1 + r % next_n keys.
+
+    Replaces: `torch.ops._C.top_k_per_row_decode` (`_custom_ops.py:3049`, CUDA); on sm_80 it serves.
+    """
+    rows = logits.as_strided((num_rows, logits.shape[-1]), (stride0, stride1))
+    r = torch.arange(num_rows, device=logits.device)
+    length = seq_lens.long()[r // next_n] - next_n + 1 + r % next_n
+    _masked_topk(rows, torch.zeros_like(length), length, topk_tokens, raw_topk_indices[:num_rows])
+    _cuda_note("persistent_topk_cuda")
+
+
+def _cuda_custom_ops(module: Any) -> None:
+    module.top_k_per_row_prefill = cuda_top_k_per_row_prefill
+    module.top_k_per_row_decode = cuda_top_k_per_row_decode
+    module.cp_gather_indexer_k_quant_cache = cuda_cp_gather_indexer_k_quant_cache
+
+
+_CUDA_LIB: list[Any] = []
+
+
+def _cuda_register_ops() -> None:
+    """`torch.library` CUDA kernels (and fake kernels for tracing) for the ops V4.1 calls by name."""
+    lib = torch.library.Library("_C", "FRAGMENT")
+    lib.define(
+        "fused_deepseek_v4_qnorm_rope_kv_rope_quant_insert(Tensor q, Tensor kv, Tensor(a!) cache, "
+        "Tensor slot_mapping, Tensor positions, Tensor cos_sin_cache, int pad_to, float eps, "
+        "int block_size, bool apply_q_norm, bool kv_mxfp8, bool apply_q_rope, bool is_q_interleaved)"
+        " -> Tensor"
+    )
+    insert = "fused_deepseek_v4_qnorm_rope_kv_rope_quant_insert"
+    lib.impl(insert, cuda_fused_qnorm_rope_kv_rope_quant_insert, "CUDA")
+    lib.define(
+        "fused_deepseek_v4_kv_rope_insert(Tensor kv, Tensor(a!) cache, Tensor slot_mapping, "
+        "Tensor positions, Tensor cos_sin_cache, int block_size, Tensor? kv_scale, bool kv_mxfp8) -> ()"
+    )
+    lib.impl("fused_deepseek_v4_kv_rope_insert", cuda_fused_kv_rope_insert, "CUDA")
+
+    def insert_fake(q: torch.Tensor, kv: torch.Tensor, cache: torch.Tensor, *args: Any) -> torch.Tensor:
+        pad_to = args[3]
+        return q.new_empty(0) if pad_to == 0 else q.new_empty(q.shape[0], pad_to, q.shape[2])
+
+    torch.library.register_fake("_C::fused_deepseek_v4_qnorm_rope_kv_rope_quant_insert", insert_fake, lib=lib)
+    torch.library.register_fake("_C::fused_deepseek_v4_kv_rope_insert", lambda *a: None, lib=lib)
+    _CUDA_LIB.append(lib)
+
+
+def _cuda_dequantized(packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """`mxfp4_dequant` on the weights' own device, once per tensor (weights are fixed after load; the
+    first call is in vLLM's profile/warm-up run, before any graph capture)."""
+    import weakref
+
+    hit = _DEQUANTIZED.get(id(packed))
+    if hit is not None and hit[0]() is packed and hit[1]() is scales:
+        return hit[2]
+    out = mxfp4_dequant(packed.cpu(), scales.cpu()).to(packed.device)
+    _DEQUANTIZED[id(packed)] = (weakref.ref(packed), weakref.ref(scales), out)
+    return out
+
+
+def mxfp4_moe_dense(
+    output: torch.Tensor,
+    hidden_states: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    w13_scale: torch.Tensor,
+    w2_scale: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    *,
+    swiglu_limit: float | None = None,
+    w13_bias: torch.Tensor | None = None,
+    w2_bias: torch.Tensor | None = None,
+    expert_map: torch.Tensor | None = None,
+) -> None:
+    """`mxfp4_moe` (the CPU stand-in's W4A16 MoE, Marlin's bf16 storage points) computed densely: every
+    local expert on every token, then each top-k slot picks its expert's row. The same numbers per slot,
+    with fixed shapes and no host synchronisation, so it runs inside CUDA-graph capture. Fine for the
+    tiny checkpoint's 4 experts; on sm_80 the Marlin MXFP4 MoE serves."""
+    m = hidden_states.shape[0]
+    e, two_n = w13.shape[0], w13.shape[1]
+    n = two_n // 2
+    store = hidden_states.dtype
+    ids = topk_ids.long()
+    if expert_map is not None:
+        ids = torch.where(ids >= 0, expert_map.long()[ids.clamp_min(0)], ids)
+    x = hidden_states.float()
+    w13_f, w2_f = _cuda_dequantized(w13, w13_scale), _cuda_dequantized(w2, w2_scale)
+    gate_up = _stored(torch.einsum("mk,enk->emn", x, w13_f), store)  # [E, M, 2N]
+    if w13_bias is not None:
+        gate_up = _stored(gate_up + _stored(w13_bias.float()[:, None, :], store), store)
+    gate, up = gate_up[..., :n], gate_up[..., n:]
+    limit = swiglu_limit if swiglu_limit is not None and swiglu_limit > 0 else None
+    if limit is not None:
+        gate, up = gate.clamp(max=limit), up.clamp(-limit, limit)
+    act = _stored(torch.nn.functional.silu(gate) * up, store)
+    y = _stored(torch.einsum("emn,ekn->emk", act, w2_f), store)  # [E, M, K]
+    if w2_bias is not None:
+        y = _stored(y + _stored(w2_bias.float()[:, None, :], store), store)
+    live = ids >= 0
+    picked = y[ids.clamp(0, e - 1), torch.arange(m, device=y.device)[:, None]]  # [M, top_k, K]
+    slots = _stored(picked * _stored(topk_weights.float()[..., None], store), store)
+    slots = torch.where(live[..., None], slots, torch.zeros_like(slots))
+    output.copy_(slots.sum(dim=1).to(output.dtype))
+
+
+def _cuda_mxfp4_moe(module: Any) -> None:
+    """vLLM's CPU MXFP4 experts class (selected with `--moe-backend cpu`) computing `mxfp4_moe_dense` on
+    the GPU: its device check answers for CUDA, its AMX prepacking keeps the loaded layout, and its
+    `apply` (the AMX op `_C.fused_experts_cpu`) is the dense torch MoE. On sm_80 Marlin MXFP4 serves."""
+    cls = module.CPUExpertsMxfp4
+
+    def prepare_mxfp4_moe_layer_for_cpu(
+        w13: torch.Tensor, w2: torch.Tensor, w13_scale: torch.Tensor, w2_scale: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        return w13, w2, w13_scale, w2_scale
+
+    def apply(
+        self: Any,
+        output: torch.Tensor,
+        hidden_states: torch.Tensor,
+        w1: torch.Tensor,
+        w2: torch.Tensor,
+        topk_weights: torch.Tensor,
+        topk_ids: torch.Tensor,
+        activation: Any,
+        global_num_experts: int,
+        expert_map: torch.Tensor | None,
+        a1q_scale: Any,
+        a2_scale: Any,
+        workspace13: Any,
+        workspace2: Any,
+        expert_tokens_meta: Any,
+        apply_router_weight_on_input: bool,
+    ) -> None:
+        if apply_router_weight_on_input:
+            raise NotImplementedError("CPUExpertsMxfp4 does not support apply_router_weight_on_input=True.")
+        quant = self.quant_config
+        alpha = getattr(quant, "gemm1_alpha", None)
+        if getattr(activation, "value", activation) != "silu" or alpha is not None:
+            raise NotImplementedError(f"e2e CUDA MXFP4 MoE stand-in: activation {activation}")
+        mxfp4_moe_dense(
+            output, hidden_states, w1, w2, self.w1_scale, self.w2_scale, topk_weights, topk_ids,
+            swiglu_limit=getattr(quant, "gemm1_clamp_limit", None), w13_bias=quant.w1_bias,
+            w2_bias=quant.w2_bias, expert_map=expert_map,
+        )  # fmt: skip
+        _cuda_note("mxfp4_moe_dense_torch_cuda")
+
+    cls._supports_current_device = staticmethod(lambda: torch.cuda.is_available())
+    cls.apply = apply
+    module.prepare_mxfp4_moe_layer_for_cpu = prepare_mxfp4_moe_layer_for_cpu
+
+
+def _cuda_mhc_model(module: Any) -> None:
+    module.mhc_pre_delayed_tilelang = mhc_pre_delayed
+    module.mhc_post_tilelang = mhc_post
+    module.mhc_shifted_post_pre = mhc_shifted_post_pre
+    _cuda_note("mhc_reference_cuda")
+
+
+def _cuda_mhc_dspark(module: Any) -> None:
+    module.mhc_post_tilelang = mhc_post
+
+
+def cuda_env() -> dict[str, str]:
+    """The environment settings that go with the CUDA stand-ins (merged by `gpu.gpu_env`)."""
+    return {CUDA_ENV_SWITCH: "1", "VLLM_DISABLED_KERNELS": ",".join(MXFP8_KERNELS_WITHOUT_LIBRARY)}
+
+
+def install_cuda() -> None:
+    """Put every CUDA stand-in in place (idempotent). Called by `gpu_hook/sitecustomize.py` when
+    DEEPINFER_E2E_CUDA=1; refuses to run beside the CPU stand-ins."""
+    if _CUDA_INSTALLED:
+        return
+    if os.environ.get(ENV_SWITCH) == "1":
+        raise RuntimeError(
+            f"{CUDA_ENV_SWITCH}=1 and {ENV_SWITCH}=1: the CPU and CUDA stand-ins exclude each other"
+        )
+    _CUDA_INSTALLED.append(True)
+    sys.meta_path.insert(0, _PostImportFinder())
+    sys.meta_path.insert(0, _CompiledExtensionFinder())
+    _cuda_register_ops()
+    _cuda_note("mxfp8_linear_emulation")
+    _after_import("vllm._custom_ops")(_cuda_custom_ops)
+    _after_import("vllm.models.deepseek_v41.nvidia.model")(_cuda_mhc_model)
+    _after_import("vllm.models.deepseek_v41.nvidia.dspark")(_cuda_mhc_dspark)
+    _after_import("vllm.model_executor.layers.fused_moe.experts.cpu_moe")(_cuda_mxfp4_moe)
     from deepinfer_sm80.testing.e2e import coverage
 
     coverage.install()

@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# Issue 38: vLLM 0.32.0's engine on the lent GPU, tiny V4.1 checkpoint, through the SM8x path (capability
+# forced to 8.0), CUDA graphs and the async scheduler, at the DeepInfer then the base level.
+# Usage (on the device; .cache/gpu-engine carried, see scripts/gpu_engine_bundle.py):
+#   DEEPINFER_GIT_SHA=<sha> bash scripts/gpu_engine.sh OUT_DIR [ENGINES]
+# ENGINES: name@level list for `python -m deepinfer_sm80.testing.e2e.gpu run` (default: all, in its order).
+# Each step is time-boxed (scripts/timebox.sh) and writes its JSON straight into OUT_DIR when it ends:
+# versions.json, setup.json, <engine>-<level>.json; logs.tar.gz is rewritten after every step. A failing
+# step never stops the call. GPU_ENGINE_DRY=1 runs the CPU-checkable parts only (no engine), anywhere.
+set -uo pipefail
+OUT_DIR=${1:?out dir}; ENGINES=${2:-}
+[ -n "${DEEPINFER_GIT_SHA:-}" ] || { echo "gpu_engine: set DEEPINFER_GIT_SHA (the device copy has no .git)" >&2; exit 2; }
+BUNDLE=${GPU_ENGINE_BUNDLE:-.cache/gpu-engine}
+[ -f "$BUNDLE/READY" ] || { echo "gpu_engine: no bundle at $BUNDLE (python scripts/gpu_engine_bundle.py; carry it)" >&2; exit 2; }
+PY=${PYTHON:-python3}
+E2E=${GPU_ENGINE_WORK:-/tmp/gpu-e2e}; WORK=$E2E/logs
+rm -rf "$E2E"; mkdir -p "$WORK" "$E2E/sites/base/site" "$E2E/sites/optimized/site" "$OUT_DIR"
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+T0=$SECONDS
+BUDGET=${GPU_ENGINE_BUDGET_S:-570}  # the call's 600 s less the reply
+# shellcheck source=scripts/timebox.sh
+. "$(dirname "$0")/timebox.sh"  # step NAME SECONDS CMD...
+pack() { tar czf "$OUT_DIR/logs.tar.gz" -C "$E2E" logs work/runs 2>/dev/null || tar czf "$OUT_DIR/logs.tar.gz" -C "$E2E" logs; }
+
+versions() {
+  "$PY" - "$OUT_DIR/versions.json" <<'EOF'
+import json, platform, shutil, subprocess, sys
+from importlib import metadata
+def v(name):
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+def sh(cmd):
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=30).stdout.strip()
+    except Exception as exc:
+        return f"failed: {exc!r}"
+names = ["torch", "triton", "transformers", "tokenizers", "huggingface-hub", "pydantic", "fastapi", "openai",
+         "pyzmq", "msgspec", "numpy", "safetensors", "tilelang", "flashinfer-python", "xgrammar", "numba",
+         "cuda-python", "nvidia-ml-py", "sentencepiece", "tiktoken", "cbor2", "blake3", "setuptools", "psutil"]
+out = {"python": platform.python_version(), "packages": {n: v(n) for n in names},
+       "nvidia_smi": sh(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem,"
+                         "temperature.gpu,utilization.gpu", "--format=csv"]),
+       "nvcc": sh(["nvcc", "--version"]).splitlines()[-1:], "patch": shutil.which("patch"),
+       "cpus": __import__("os").cpu_count()}
+try:
+    import torch
+    out["torch_cuda"] = torch.version.cuda
+    out["device"] = torch.cuda.get_device_name(0)
+    out["capability"] = list(torch.cuda.get_device_capability(0))
+except Exception as exc:
+    out["torch_error"] = repr(exc)
+json.dump(out, open(sys.argv[1], "w"), indent=1)
+print(json.dumps(out)[:1500])
+EOF
+}
+
+setup() {
+  set -e
+  if [ "${GPU_ENGINE_DRY:-}" = 1 ]; then
+    echo "dry run: the cp312 wheels are not installed here"; mkdir -p "$E2E/wheels"
+  else
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$E2E/wheels" "$BUNDLE"/wheels/*.whl
+  fi
+  tar xzf "$BUNDLE/vllm-base.tar.gz" -C "$E2E/sites/base/site"
+  cp -a "$E2E/sites/base/site/." "$E2E/sites/optimized/site/"
+  tar xzf "$BUNDLE/vllm-optimized-delta.tar.gz" -C "$E2E/sites/optimized/site"
+  if [ -n "${GPU_ENGINE_MODEL:-}" ]; then  # an existing checkpoint (the dry run reuses make tiny-model's)
+    ln -s "$(realpath "$GPU_ENGINE_MODEL")" "$E2E/tiny-v41"
+  else
+    "$PY" scripts/make_tiny_v41.py --out "$E2E/tiny-v41"
+  fi
+  PYTHONPATH="$PWD/overlay" "$PY" - "$E2E/tiny-v41" "$OUT_DIR/setup.json" <<'EOF'
+import json, sys, time
+from pathlib import Path
+from deepinfer_sm80.testing.e2e.gpu import shard_sha256
+from deepinfer_sm80.testing.provenance import provenance
+t = time.perf_counter()
+info = {"provenance": provenance("bash scripts/gpu_engine.sh $OUT"), "checkpoint_sha256": shard_sha256(Path(sys.argv[1])),
+        "checkpoint_manifest": json.loads((Path(sys.argv[1]) / "tiny_v41.json").read_text()),
+        "sha_s": time.perf_counter() - t,
+        "note": "torch/triton are the device image's (not the project's pins torch 2.13 / triton 3.7.1)"}
+Path(sys.argv[2]).write_text(json.dumps(info, indent=1))
+print(json.dumps(info)[:800])
+EOF
+}
+
+engines() {
+  local args=(--model "$E2E/tiny-v41" --sites "$E2E/sites" --wheels "$E2E/wheels" --raw "$OUT_DIR" --work "$E2E/work"
+              --budget "$ENGINE_BUDGET")
+  [ -n "$ENGINES" ] && args+=(--engines "$ENGINES")
+  PYTHONPATH="$PWD/overlay" "$PY" -m deepinfer_sm80.testing.e2e.gpu run "${args[@]}"
+}
+
+export -f versions setup engines
+export OUT_DIR ENGINES BUNDLE PY E2E WORK T0 BUDGET
+step versions 40 bash -c versions; cat "$WORK/versions.log" | cut -c1-1500; pack
+step setup 150 bash -c setup; tail -5 "$WORK/setup.log"; pack
+if [ "${GPU_ENGINE_DRY:-}" = 1 ]; then
+  echo "gpu_engine: dry run (no engine)"; ls -la "$OUT_DIR"; exit 0
+fi
+mkdir -p "$E2E/work"
+export ENGINE_BUDGET=$((BUDGET - (SECONDS - T0) - 25))  # the engines' own deadline, inside the step's
+step engines "$((BUDGET - (SECONDS - T0) - 10))" bash -c engines; grep -E "^gpu-e2e|Error|error" "$WORK/engines.log" | tail -40 | cut -c1-600
+pack
+echo "gpu_engine: done in $((SECONDS - T0)) s"
+ls -la "$OUT_DIR"
