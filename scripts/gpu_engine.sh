@@ -88,7 +88,7 @@ EOF
 
 engines() {
   local args=(--model "$E2E/tiny-v41" --sites "$E2E/sites" --wheels "$E2E/wheels" --raw "$OUT_DIR" --work "$E2E/work"
-              --budget "$ENGINE_BUDGET")
+              --budget "$ENGINE_BUDGET" --engine-timeout "${GPU_ENGINE_TIMEOUT:-300}")
   [ -n "$ENGINES" ] && args+=(--engines "$ENGINES")
   PYTHONPATH="$PWD/overlay" "$PY" -m deepinfer_sm80.testing.e2e.gpu run "${args[@]}"
 }
