@@ -69,7 +69,7 @@ setup() {
   if [ -n "${GPU_ENGINE_MODEL:-}" ]; then  # an existing checkpoint (the dry run reuses make tiny-model's)
     ln -s "$(realpath "$GPU_ENGINE_MODEL")" "$E2E/tiny-v41"
   else
-    "$PY" scripts/make_tiny_v41.py --out "$E2E/tiny-v41"
+    PYTHONPATH="$PWD/harness:$PWD/overlay" "$PY" scripts/make_tiny_v41.py --out "$E2E/tiny-v41"
   fi
   PYTHONPATH="$PWD/overlay" "$PY" - "$E2E/tiny-v41" "$OUT_DIR/setup.json" <<'EOF'
 import json, sys, time
