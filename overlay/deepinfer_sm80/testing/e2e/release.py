@@ -1,0 +1,193 @@
+"""Engines on the release-structured tiny checkpoint (issue 37, item 4; scripts/tiny_v41_release.py).
+
+    python -m deepinfer_sm80.testing.e2e.release --model .cache/tiny-v41-release --engines NAMES
+                                                 [--level optimized] [--work DIR] [--out FILE]
+
+That checkpoint has DeepSeek-V4.1-Flash's own 40-layer structure (ratio 0 at 0-1, ratio 2 at 2-19 with
+kv + index sources 2, 8, 14, ratio 1 at 20-39 with source and candidate source 20 and index sources 24,
+28, 32, 36, Engram at 1 and 14, DSpark aux layers 37, 38, 39) at reduced dimensions, so the release's
+real partitions run here: 14,14,12 (Engram layer 14 opens stage 1) with DSpark at K = 5 (the checkpoint's
+dspark_block_size, as in the reference deployments), 13,14,13 (Engram 14 second on stage 1; stage 2
+starts inside 20's sharing group), 20,20 (no replicas: every group on one stage) and PP8 5,5,5,5,5,5,6,4
+(stage 0 without an indexer-K cache owned or replicated until layer 2, Engram 1 on it; aux 37-39 split
+across stages 6 and 7).
+
+`release_engines()` is the plan's part (the runner's `plan()` returns it for a 40-layer checkpoint); the
+command line runs the named engines one after the other through `runner.run_engine` (no oracle: the
+tokens are compared with the single stage's) and prints / writes start and per-case wall times.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from deepinfer_sm80.testing.e2e.runner import (
+    ASYNC,
+    DECODE_ROWS,
+    DSPARK_PP_ROWS,
+    LEVELS,
+    PP_ROWS,
+    Case,
+    Engine,
+    _prompt,
+    base_engine_kwargs,
+    pp_engine,
+    run_engine,
+)
+
+# DSpark at the reference deployments' width: K = 5 draft tokens per step, the checkpoint's
+# dspark_block_size (vLLM's default K for DSpark when none is given, config/speculative.py).
+RELEASE_K = 5
+RELEASE_DSPARK = {"method": "dspark", "num_speculative_tokens": RELEASE_K}
+RELEASE_DSPARK_KWARGS = {"speculative_config": RELEASE_DSPARK, "disable_log_stats": False}
+# The release's cuts: (engine name, partition, DSpark, levels, what it proves)
+RELEASE_CUTS: list[tuple[str, str, bool, tuple[str, ...], str]] = [
+    ("release_pp3_14_14_12_dspark", "14,14,12", True, LEVELS,
+     "the reference PP3 cut with DSpark K=5: Engram layer 14 (a ratio-2 kv + index source) opens stage 1; "
+     "stage 2 (28-39) holds replicas of 20's compressed KV, indexer K and candidates for 28-39, and the "
+     "aux layers 37-39"),
+    ("release_pp3_13_14_13", "13,14,13", False, ("optimized",),
+     "Engram layer 14 second on stage 1 (13-26), which replicates 8's compressed KV for 13; stage 2 starts "
+     "at 27 inside 20's sharing group"),
+    ("release_pp2_20_20", "20,20", False, ("optimized",),
+     "the cut at the ratio boundary: every sharing group on one stage, no replicas"),
+    ("release_pp8", "5,5,5,5,5,5,6,4", False, ("optimized",),
+     "PP8: stage 0 (0-4) holds Engram 1 and source 2; every later stage replicates a source's caches; "
+     "aux 37 on stage 6, 38-39 on stage 7"),
+]  # fmt: skip
+
+
+def release_engines(short: list[int], every: list[str]) -> list[Engine]:
+    """The single stage (± DSpark K=5) and the release's cuts, each serving the runner's short case.
+
+    `every`: the rows every forward reaches (the runner's EVERY_FORWARD + engram_lookup). The cuts
+    without DSpark must give release_main's tokens; the DSpark ones release_main's tokens (greedy
+    speculation is lossless) and release_dspark's drafter inputs."""
+    from deepinfer_sm80.testing.e2e.models import SELECTING
+
+    case = "12-token prompt on the release-structured checkpoint, 4 greedy tokens"
+    engines = [
+        Engine(
+            "release_main",
+            SELECTING,
+            base_engine_kwargs(),
+            [Case("short", [short], 4, {lv: every + DECODE_ROWS for lv in LEVELS}, case)],
+        ),
+        Engine(
+            "release_dspark",
+            SELECTING,
+            base_engine_kwargs() | RELEASE_DSPARK_KWARGS,
+            [
+                Case(
+                    "short",
+                    [short],
+                    4,
+                    {lv: [*every, "dspark_draft"] for lv in LEVELS},
+                    f"{case}, DSpark drafting {RELEASE_K} tokens per step",
+                )
+            ],
+            spec_of="release_main",
+            env=dict(ASYNC),
+        ),
+    ]
+    for name, partition, spec, levels, what in RELEASE_CUTS:
+        e = pp_engine(name, partition, spec, short, every, f"pipeline parallel {partition}: {what}", levels)
+        kwargs = dict(e.engine)
+        if spec:
+            kwargs |= RELEASE_DSPARK_KWARGS
+            rows = every + DECODE_ROWS + PP_ROWS + DSPARK_PP_ROWS
+            e = dataclasses.replace(e, cases=[dataclasses.replace(c, rows={lv: rows for lv in LEVELS})
+                                              for c in e.cases])  # fmt: skip
+        engines.append(
+            dataclasses.replace(
+                e,
+                engine=kwargs,
+                spec_of="release_main" if spec else None,
+                same_as=None if spec else "release_main",
+                aux_of="release_dspark" if spec else None,
+            )
+        )
+    return engines
+
+
+# ----------------------------------------------------------------------------- direct runs
+def _summary(engine: Engine, out: dict[str, Any]) -> dict[str, Any]:
+    if not out.get("ok"):
+        return {
+            "ok": False,
+            "wall_s": round(out["wall_s"], 1),
+            "error": out.get("error"),
+            "log": out.get("log"),
+        }
+    cases = {
+        c["name"]: {"wall_s": round(c["wall_s"], 1), "tokens": [p["tokens"] for p in c["prompts"]]}
+        for c in out["cases"]
+    }
+    spec = out.get("spec_decode") or {}
+    return {
+        "ok": True,
+        "wall_s": round(out["wall_s"], 1),
+        "start_wall_s": round(out["start"]["wall_s"], 1),
+        "scheduler": out.get("scheduler"),
+        "cases": cases,
+        "drafted": spec.get("vllm:spec_decode_num_draft_tokens"),
+        "accepted": spec.get("vllm:spec_decode_num_accepted_tokens"),
+        "stage_rows": out.get("stage_rows"),
+        "aux_digest": _digest(out.get("aux")),
+    }
+
+
+def _digest(obj: Any) -> str | None:
+    import hashlib
+
+    return None if not obj else hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def main(argv: list[str] | None = None) -> int:
+    from deepinfer_sm80.testing.e2e import server_env
+    from deepinfer_sm80.testing.e2e.models import variant
+    from deepinfer_sm80.testing.e2e.runner import EVERY_FORWARD
+
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("--model", type=Path, default=Path(".cache/tiny-v41-release"))
+    ap.add_argument("--engines", required=True, help="comma-separated names of release_engines()")
+    ap.add_argument("--level", default="optimized")
+    ap.add_argument("--work", type=Path, default=Path("/tmp/e2e-release"))
+    ap.add_argument("--out", type=Path, default=None, help="JSON (default: WORK/release.json, merged)")
+    ap.add_argument("--timeout", type=float, default=3600.0)
+    args = ap.parse_args(argv)
+    work, model = args.work.resolve(), args.model.resolve()
+    server_env(args.level, work)
+    engines = {e.name: e for e in release_engines(_prompt("short", 12), [*EVERY_FORWARD, "engram_lookup"])}
+    wanted = [n for n in args.engines.split(",") if n]
+    unknown = sorted(set(wanted) - set(engines))
+    if unknown:
+        print(f"release: no engine {unknown}; known: {sorted(engines)}", file=sys.stderr)
+        return 2
+    out_path = args.out or work / "release.json"
+    report: dict[str, Any] = json.loads(out_path.read_text()) if out_path.exists() else {}
+    for name in wanted:
+        engine = engines[name]
+        print(f"release: {name} at {args.level} ...", flush=True)
+        out = run_engine(args.level, engine, variant(model, work, engine.overrides), work, args.timeout)
+        row = _summary(engine, out) | {"partition": engine.partition, "level": args.level}
+        twin = engine.spec_of or engine.same_as
+        ref = report.get(f"{twin}/{args.level}") if twin else None
+        if row["ok"] and ref and ref.get("ok"):
+            mine = {k: v["tokens"] for k, v in row["cases"].items()}
+            row[f"tokens_equal_{twin}"] = mine == {k: v["tokens"] for k, v in ref["cases"].items()}
+        report[f"{name}/{args.level}"] = row
+        out_path.write_text(json.dumps(report, indent=1) + "\n")
+        print(
+            f"release: {name}: {json.dumps({k: v for k, v in row.items() if k != 'stage_rows'})}", flush=True
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
