@@ -90,6 +90,7 @@ sm80-report: setup
 .PHONY: validate tiny-model
 tiny-model: setup
 	$(PY) scripts/make_tiny_v41.py --out $(CACHE)/tiny-v41
+	$(PY) scripts/tiny_v41_release.py --out $(CACHE)/tiny-v41-release
 validate: setup
 	$(PY) scripts/validate.py --out $(CACHE)/validate --model $(CACHE)/tiny-v41 $(VALIDATE_ARGS)
 
