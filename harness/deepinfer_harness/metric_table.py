@@ -36,6 +36,9 @@ class Metric:
     per_position: bool = False  # a family `<name><i>`, i = 0, 1, … (one row per draft position)
     # kinds among `compared` whose rows appear only where a run has the key (a server that drafts)
     when_present: tuple[str, ...] = ()
+    # 0 is a measured value (no draft accepted, no request within the SLO), not a failed measurement:
+    # A/B over pairs holding a 0 is the ratio of sums (analysis/stats.py, "Ratios of zero")
+    zero_is_value: bool = False
 
     def key(self, aggregate: str = "") -> str:
         return f"{aggregate}_{self.name}" if aggregate else self.name
@@ -119,6 +122,7 @@ METRICS: dict[str, Metric] = {
             "100 × Δaccepted tokens / Δdraft tokens (%, Prometheus counters)",
             compared={k: ("",) for k in GENERATING},
             only_when_present=True,
+            zero_is_value=True,
         ),
         Metric(
             "ttft_under_load_ms", False, "median TTFT of a decode cell's requests", compared={"decode": ("",)}
@@ -143,6 +147,7 @@ METRICS: dict[str, Metric] = {
             True,
             "Δprefix_cache_hits / Δprefix_cache_queries (tokens)",
             compared={"prefix": ("",)},
+            zero_is_value=True,
         ),
         Metric(
             "nll_mean",
@@ -156,6 +161,7 @@ METRICS: dict[str, Metric] = {
             "requests meeting every SLO of plan.slo / (last end − first send)",
             compared={k: ("",) for k in ALL_BUT_NLL},
             only_when_present=True,
+            zero_is_value=True,
         ),
         Metric(
             "slo_attainment",
@@ -163,6 +169,7 @@ METRICS: dict[str, Metric] = {
             "share of measured requests meeting every SLO (failed ones do not)",
             compared={k: ("",) for k in ALL_BUT_NLL},
             only_when_present=True,
+            zero_is_value=True,
         ),
         Metric(
             "spec_decode_accept_p",
@@ -171,6 +178,7 @@ METRICS: dict[str, Metric] = {
             compared={k: ("",) for k in GENERATING},
             only_when_present=True,
             per_position=True,
+            zero_is_value=True,
         ),
         Metric("itl_per_token_ms", False, "each gap_j/k_j repeated k_j times; a derived view"),
     ]
@@ -241,6 +249,12 @@ def parse_key(key: str) -> ParsedKey:
     if key in METRICS:
         return ParsedKey(METRICS[key], "", None)
     return ParsedKey(_position_family(key), "", None)
+
+
+def zero_is_value(key: str) -> bool:
+    """Whether 0 is a measured value of this key's metric (Metric.zero_is_value)."""
+    metric = parse_key(key).metric or _position_family(key)
+    return bool(metric and metric.zero_is_value)
 
 
 def higher_is_better(key: str) -> bool:

@@ -305,3 +305,26 @@ def test_missing_sweep_points_are_blamed_on_their_probe_not_a_dead_server(fake_s
         last
     )
     assert "server died" not in last
+
+
+# defect 7: ratios of zero: no pair dropped, none counted as B/A = 1
+
+
+def test_a_zero_on_one_side_is_kept_and_zeros_on_both_count_for_nothing():
+    from deepinfer_harness.analysis.stats import bootstrap_ratio, undefined_pair
+
+    assert undefined_pair(0, 3, zero_is_value=True) is None  # an acceptance rate of 0: kept
+    assert undefined_pair(2, 0, zero_is_value=True) is None
+    assert undefined_pair(0, 0) == "A = 0 and B = 0"  # a 0 ms latency in both arms: left out, not 1
+    assert undefined_pair(0, 3) == "A = 0"
+    only = bootstrap_ratio([0, 0, 0, 0, 0], [0, 0, 0, 0, 3], resamples=2000)
+    assert only is not None and only.ratio == math.inf and only.method == "paired_bootstrap_ratio_of_sums"
+    lost = bootstrap_ratio([2, 2, 2, 2, 2], [2, 2, 2, 2, 0], resamples=2000)
+    assert lost is not None and lost.ratio == pytest.approx(0.8) and lost.n_pairs == 5
+    mixed = bootstrap_ratio([0, 0, 4, 4, 4], [0, 0, 2, 2, 2], resamples=2000)
+    assert mixed is not None and mixed.ratio == pytest.approx(0.5)  # the 0/0 pairs do not pull it to 1
+    assert mixed.ci_low == mixed.ci_high == pytest.approx(0.5)
+    same = bootstrap_ratio([0, 0, 0, 0, 0], [0, 0, 0, 0, 0], resamples=2000)
+    assert same is not None and same.ratio == 1.0  # every arm 0: equal
+    plain = bootstrap_ratio([2, 2, 2, 2, 2], [3, 3, 3, 3, 3], resamples=2000)
+    assert plain is not None and plain.method == "paired_bootstrap_logratio"  # no zero: unchanged

@@ -36,7 +36,7 @@ from deepinfer_harness.analysis.stats import (
     undefined_pair,
 )
 from deepinfer_harness.layout import RunKey
-from deepinfer_harness.metric_table import compared, higher_is_better, parse_key
+from deepinfer_harness.metric_table import compared, higher_is_better, parse_key, zero_is_value
 
 Samples = dict[tuple[str, int], list[float]]
 
@@ -139,7 +139,8 @@ def compare_metric(
         values = {k: (va[k].get(metric), vb[k].get(metric)) for k in reps}
     # a pair whose B/A is undefined (a 0, inf or NaN on one side, or a missing value) is left out
     # and named on the row; the others decide
-    undefined = {k: why for k, (x, y) in values.items() if (why := undefined_pair(x, y))}
+    zeros = zero_is_value(metric)
+    undefined = {k: why for k, (x, y) in values.items() if (why := undefined_pair(x, y, zeros))}
     left_out = _left_out_text(undefined)
     kept = [k for k in reps if k not in undefined]
     ci: RatioCI | None

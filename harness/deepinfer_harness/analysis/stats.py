@@ -11,9 +11,15 @@ effect inside the floor is never called better or worse. The per-pair noise used
 σ = √(mean d²) over A/A pairs, which counts the offset as noise (an A/A pair's true effect is 0).
 MDE = exp(max(floor, (z_α + z_β)·σ/√n)) − 1; pairs needed n = ((z_α + z_β)·σ / ln(1 + δ))².
 
-A log-ratio needs two positive finite numbers: a pair with a 0, a negative, an inf or a NaN on
-one side, or a missing value, has none (`undefined_pair`); it is left out and named, and a row
-left with no pair is `?` with that reason. Nothing here raises on a value or lets numpy warn.
+Ratios of zero. Where 0 is a measured value (an acceptance rate, goodput: Metric.zero_is_value),
+A = 0, B > 0 is the most informative pair there is and 0 in both arms says nothing about a ratio;
+when any pair holds a 0 the estimate is the ratio of sums ΣB/ΣA over the pairs (0 in both adds
+nothing, A = 0 < B moves it up, all zero is 1: the arms are equal), its CI the same statistic over
+resampled pairs (percentile): no pair is dropped and none counts as B/A = 1. Where 0 is a failed
+measurement (a 0 ms latency), a pair with a 0 on either side, both included, is left out and named
+(never counted as B/A = 1). A pair with a negative, an inf, a NaN or a missing value has no ratio
+(`undefined_pair`); it is left out and named, and a row left with no pair is `?` with that reason.
+Nothing here raises on a value or lets numpy warn.
 Every percentile (a run's p<q>, and each resample's in the two-level bootstrap) is
 `percentile_rows`: one implementation.
 """
@@ -64,21 +70,62 @@ def positive(x: Any) -> bool:
     return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) and x > 0
 
 
+def _nonneg(x: Any) -> bool:
+    """A number the ratio of sums can use: finite and >= 0 (zeros included)."""
+    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) and x >= 0
+
+
+def _sum_ratio(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """ΣB/ΣA along the last axis: 1 where both sums are 0, inf where only ΣA is."""
+    sa, sb = a.sum(axis=-1), b.sum(axis=-1)
+    out = np.ones(np.broadcast(sa, sb).shape)
+    np.divide(sb, sa, out=out, where=sa > 0)
+    out[(sa == 0) & (sb > 0)] = np.inf
+    return out
+
+
+def zero_pairs(a: list[Any], b: list[Any]) -> bool:
+    """Some pair holds a 0 and every pair is two finite non-negative numbers: ratio of sums."""
+    pairs = list(zip(a, b, strict=False))
+    return bool(pairs) and all(_nonneg(x) and _nonneg(y) for x, y in pairs) and any(0 in p for p in pairs)
+
+
+def ratio_of_sums(
+    a: list[Any], b: list[Any], resamples: int, seed: int, level: float, min_pairs: int
+) -> RatioCI:
+    """ΣB/ΣA over the pairs, with a percentile CI over resampled pairs (module docstring)."""
+    xa, xb = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    est = float(_sum_ratio(xa, xb))
+    if xa.size < min_pairs:
+        return RatioCI(est, None, None, int(xa.size), method="paired_bootstrap_ratio_of_sums")
+    idx = np.random.default_rng(seed).integers(0, xa.size, size=(resamples, xa.size))
+    boot = _sum_ratio(xa[idx], xb[idx])
+    # an order statistic, not an interpolation: resamples may be inf (ΣA = 0), and inf − inf is NaN
+    lo, hi = np.quantile(boot, [(1 - level) / 2, (1 + level) / 2], method="inverted_cdf")
+    return RatioCI(est, float(lo), float(hi), int(xa.size), method="paired_bootstrap_ratio_of_sums")
+
+
 def _same(x: Any, y: Any) -> bool:
     """Two equal finite numbers (zeros included): their log-ratio is 0 by convention."""
     return isinstance(x, int | float) and isinstance(y, int | float) and math.isfinite(x) and x == y
 
 
-def undefined_pair(a: Any, b: Any) -> str | None:
+def undefined_pair(a: Any, b: Any, zero_is_value: bool = False) -> str | None:
     """Why ln(b/a) is undefined for one pair (`A = 0`, `B = inf`, `A missing`), or None when it is
     defined. Equal finite values give 0 (e.g. an acceptance rate of 0 in both arms); a 0, a
     negative, an inf or a NaN on one side has no log-ratio, nor has a missing value."""
-    if _same(a, b) or (positive(a) and positive(b)):
+    if positive(a) and positive(b):
+        return None
+    if zero_is_value and ((_nonneg(a) and _nonneg(b)) or _same(a, b)):
+        return None
+    if not zero_is_value and _same(a, b) and a != 0:
         return None
     parts = []
     for arm, x in (("A", a), ("B", b)):
         if isinstance(x, bool) or not isinstance(x, int | float):
             parts.append(f"{arm} missing")
+        elif x == 0 and not zero_is_value and _same(a, b):
+            parts.append(f"{arm} = 0")
         elif not positive(x):
             parts.append(f"{arm} = {x:g}")
     return " and ".join(parts)
@@ -125,11 +172,11 @@ class NoiseFloor:
 
 
 def log_ratios(a: list[Any], b: list[Any]) -> np.ndarray:
-    """ln(b/a) per pair whose ratio is defined (`undefined_pair`); equal values (zeros included,
-    e.g. an acceptance rate of 0) give 0."""
+    """ln(b/a) per pair of two positive finite numbers; equal values (zeros included, e.g. an
+    acceptance rate of 0) give 0; any other pair has no log-ratio and is skipped."""
     out = []
     for x, y in zip(a, b, strict=False):
-        if undefined_pair(x, y) is None:
+        if (positive(x) and positive(y)) or _same(x, y):
             out.append(0.0 if _same(x, y) else math.log(y / x))
     return np.array(out, dtype=float)
 
@@ -166,7 +213,10 @@ def bootstrap_ratio(
     min_pairs: int = MIN_PAIRS,
 ) -> RatioCI | None:
     """Paired bootstrap of exp(mean ln(b/a)) over the pairs with a defined log-ratio; None when
-    no pair has one (the caller names the pairs left out: `undefined_pair`)."""
+    no pair has one (the caller names the pairs left out: `undefined_pair`). Pairs holding a 0:
+    the ratio of sums instead (module docstring)."""
+    if zero_pairs(a, b):
+        return ratio_of_sums(a, b, resamples, seed, level, min_pairs)
     d = log_ratios(a, b)
     if d.size == 0:
         return None
