@@ -9,8 +9,8 @@ kv + index sources 2, 8, 14, ratio 1 at 20-39 with source and candidate source 2
 real partitions run here: 14,14,12 (Engram layer 14 opens stage 1) with DSpark at K = 5 (the checkpoint's
 dspark_block_size, as in the reference deployments), 13,14,13 (Engram 14 second on stage 1; stage 2
 starts inside 20's sharing group), 20,20 (no replicas: every group on one stage) and PP8 5,5,5,5,5,5,6,4
-(stage 0 without an indexer-K cache owned or replicated until layer 2, Engram 1 on it; aux 37-39 split
-across stages 6 and 7).
+(eight stages of 4-6 layers: Engram 14 last on stage 2, source 20 first on stage 4, every later stage a
+replica holder; the aux layers 37-39 on the last stage, relayed from none).
 
 `release_engines()` is the plan's part (the runner's `plan()` returns it for a 40-layer checkpoint); the
 command line runs the named engines one after the other through `runner.run_engine` (no oracle: the
@@ -57,8 +57,8 @@ RELEASE_CUTS: list[tuple[str, str, bool, tuple[str, ...], str]] = [
     ("release_pp2_20_20", "20,20", False, ("optimized",),
      "the cut at the ratio boundary: every sharing group on one stage, no replicas"),
     ("release_pp8", "5,5,5,5,5,5,6,4", False, ("optimized",),
-     "PP8: stage 0 (0-4) holds Engram 1 and source 2; every later stage replicates a source's caches; "
-     "aux 37 on stage 6, 38-39 on stage 7"),
+     "PP8: stage 0 (0-4) holds Engram 1 and source 2, stage 2 (10-14) ends with Engram 14, stage 4 (20-24) "
+     "opens with source 20; every stage after a source's replicates its caches"),
 ]  # fmt: skip
 
 
