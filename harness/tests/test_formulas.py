@@ -209,10 +209,11 @@ def test_two_level_bootstrap_for_percentiles():
 
 
 def test_host_timing_rules_on_constructed_facts():
-    """Host load on constructed facts (the pipeline tests switch it off: a shared host): the lag's
-    p50 / p99 are judged against the cell's own median / p99 timing, so one lag is noise for a slow
-    cell and invalidates a fast one; the absolute caps apply where set (a manifest from before the
-    shares carries only those); a probe that took no sample decides nothing."""
+    """Host load on constructed facts (the pipeline tests switch it off: a shared host): a run is
+    invalid for host load only past an absolute cap, where set (issue 42 defect 4: the lag is no
+    longer judged against the cell's own timings, which made the fastest cells invalid on an idle
+    host; whether the lag could change a verdict is decided per A/B row, test_round_four); a probe
+    that took no sample decides nothing."""
     from deepinfer_harness.analysis.validity import check_run
     from deepinfer_harness.cells import Cell
     from deepinfer_harness.prometheus import Snapshot
@@ -226,23 +227,11 @@ def test_host_timing_rules_on_constructed_facts():
         return [v for v in out["violations"] if v.startswith("host load")]
 
     prefill = Cell("prefill-cold", 64)
-    assert host(prefill, lag, {"median_ttft_ms": 100.0, "p99_ttft_ms": 200.0}, share) == []  # 0.2 %, 3 %
-    assert host(prefill, lag, {"median_ttft_ms": 3.0, "p99_ttft_ms": 100.0}, share) == [
-        "host load: client event-loop lag p50 0.20 ms > 5% of the cell's median TTFT 3.0 ms: "
-        "that median can move by more than 5%",
-        "host load: client event-loop lag p99 6.00 ms > 5% of the cell's p99 TTFT 100.0 ms: "
-        "that p99 can move by more than 5%",
-    ]
+    assert host(prefill, lag, {"median_ttft_ms": 100.0, "p99_ttft_ms": 200.0}, share) == []
+    assert host(prefill, lag, {"median_ttft_ms": 3.0, "p99_ttft_ms": 100.0}, share) == []  # fast: still valid
     decode = Cell("decode", 64, osl=32, concurrency=4)
     fast = {"median_itl_ms": 3.0, "p99_itl_ms": 9.0, "median_ttft_ms": 500.0, "p99_ttft_ms": 900.0}
-    assert [v.split(" >")[0] for v in host(decode, lag, fast, share)] == [  # streamed: judged by ITL
-        "host load: client event-loop lag p50 0.20 ms",
-        "host load: client event-loop lag p99 6.00 ms",
-    ]
-    slow = {"median_itl_ms": 30.0, "p99_itl_ms": 150.0}
-    assert host(decode, lag, slow, share) == []
-    assert host(decode, lag, {"median_itl_ms": 30.0}, share) == []  # no p99 selected: no tail rule
-    assert host(Cell("nll", 64, osl=1), lag, {"median_e2el_ms": 1000.0, "p99_e2el_ms": 1e4}, share) == []
+    assert host(decode, lag, fast, share) == []
     caps = base | {"loop_lag_p99_ms": 5.0, "loop_lag_max_ms": 50.0}
     assert host(prefill, lag, {"median_ttft_ms": 1e6, "p99_ttft_ms": 1e6}, caps) == [
         "host load: client event-loop lag p99 6.0 ms > the 5 ms cap",

@@ -328,3 +328,48 @@ def test_a_zero_on_one_side_is_kept_and_zeros_on_both_count_for_nothing():
     assert same is not None and same.ratio == 1.0  # every arm 0: equal
     plain = bootstrap_ratio([2, 2, 2, 2, 2], [3, 3, 3, 3, 3], resamples=2000)
     assert plain is not None and plain.method == "paired_bootstrap_logratio"  # no zero: unchanged
+
+
+# defect 4: host load asks one question: could the client's own stalls have changed this verdict?
+
+
+def test_a_fast_cell_on_an_idle_host_is_not_invalid_for_its_own_timings():
+    from deepinfer_harness.analysis.validity import check_run
+    from deepinfer_harness.cells import Cell
+    from deepinfer_harness.prometheus import Snapshot
+
+    limits = {"first_request_factor": 3.0, "inflight_fraction": 0.95, "loop_lag_share": 0.05}
+    idle = {"loop_lag": {"loop_lag_p50_ms": 0.2, "loop_lag_p99_ms": 0.6, "loop_lag_max_ms": 1.0}}
+    fast = {"median_ttft_ms": 2.0, "p99_ttft_ms": 3.0}  # a tiny model: sub-ms stalls are > 5% of it
+    out = check_run(Cell("prefill-cold", 64), [], [], idle, Snapshot(), Snapshot(), fast, limits)
+    assert not [v for v in out["violations"] if v.startswith("host load")], out["violations"]
+
+
+def _row(mark: str, low: float, high: float) -> tuple[dict, object]:
+    from deepinfer_harness.analysis.stats import RatioCI
+
+    ci = RatioCI((low * high) ** 0.5, low, high, 6)
+    return {"mark": mark, "why": "95 % CI excludes 1 and |effect| > A/A noise floor"}, ci
+
+
+def test_the_lag_rule_marks_a_row_only_when_an_arm_sided_lag_could_change_its_verdict():
+    from deepinfer_harness.analysis.ab import _judge_host_load, host_load_bound
+
+    values = [(10.0, 8.0)] * 6  # B 20 % faster
+    common = [(2.0, 1.6)] * 6  # a large lag, the same share of each arm's time: ABBA cancels it
+    assert host_load_bound(values, common) == pytest.approx(0.0)
+    row, ci = _row("-", 0.78, 0.82)
+    _judge_host_load(row, ci, values, common)
+    assert row["mark"] == "-" and row["host_load_bound"] == pytest.approx(0.0)
+    small = [(0.05, 0.06)] * 6  # B's lag a little larger: 0.25 % shift at most
+    row, ci = _row("-", 0.78, 0.82)
+    _judge_host_load(row, ci, values, small)
+    assert row["mark"] == "-" and 0 < row["host_load_bound"] < 0.01  # far from 1: stands
+    one_sided = [(0.1, 2.0)] * 6  # only B's client stalled, by a quarter of its time
+    row, ci = _row("-", 0.78, 0.82)
+    _judge_host_load(row, ci, values, one_sided)
+    assert row["mark"] == "!" and row["why"].startswith("host load: the client's own stalls could move B/A")
+    row, ci = _row("~", 0.95, 1.04)  # no difference found; a one-sided lag could be hiding one
+    _judge_host_load(row, ci, values, one_sided)
+    assert row["mark"] == "!"
+    assert host_load_bound(values, [None] * 6) is None  # runs recorded without a lag: not judged

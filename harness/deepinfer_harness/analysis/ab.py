@@ -26,6 +26,7 @@ from deepinfer_harness.analysis.stats import (
     bootstrap_ratio,
     decide,
     exp_safe,
+    expm1_safe,
     log_ratios,
     mde,
     mean_shift,
@@ -118,8 +119,11 @@ def compare_metric(
     delta: float | None = None,
     samples: Samples | None = None,
     aa_run: bool = False,
+    lag_rule: bool = True,
 ) -> dict[str, Any] | None:
     """One A/B row; `delta` is the relative change declared in advance for this metric (for power).
+    With `lag_rule`, a time metric's verdict is checked against the client's own stalls
+    (host_load_bound).
 
     With per-request `samples` ((variant, rep) → values) a `p<q>_` metric uses the two-level
     bootstrap (pairs, then requests within each run) instead of one statistic per run.
@@ -193,7 +197,68 @@ def compare_metric(
     }
     if metric == "decode_tok_s":
         row["components"] = _components(cell, reps, seed)
+    if lag_rule and not aa_run and metric.endswith("_ms") and ci is not None:
+        _judge_host_load(row, ci, [values[k] for k in kept], [_lags(cell, k, q) for k in kept])
     return row
+
+
+def _lags(cell: CellRuns, rep: int, q: float | None) -> tuple[float, float] | None:
+    """(A's, B's) client event-loop lag in ms for one pair: the p99 lag for a p90-or-higher
+    statistic, the median lag otherwise (a timestamp is late by the lag at that moment)."""
+    stat = "loop_lag_p99_ms" if q is not None and q >= 90 else "loop_lag_p50_ms"
+    out = []
+    for variant in ("A", "B"):
+        lag = (cell.runs.get((variant, rep)) or {}).get("loop_lag") or {}
+        value = lag.get(stat)
+        if not isinstance(value, int | float) or not math.isfinite(value):
+            return None
+        out.append(float(value))
+    return out[0], out[1]
+
+
+def host_load_bound(values: list[tuple[Any, Any]], lags: list[tuple[float, float] | None]) -> float | None:
+    """How far the client's stalls can bias this row's log B/A. A run's statistic is off by about
+    its lag, relatively lag/statistic. Lag that varies from run to run only spreads the pairs, and
+    the bootstrap CI over pairs already holds that spread; what can move the verdict is a lag
+    that differs between the arms systematically (ABBA order cancels one common to both): the mean
+    over pairs of lag_B/B − lag_A/A, in absolute value. None when a pair has no lag recorded."""
+    shifts = []
+    for (a, b), lag in zip(values, lags, strict=False):
+        if lag is None or not (positive_number(a) and positive_number(b)):
+            return None
+        shifts.append(lag[1] / b - lag[0] / a)
+    return abs(statistics.fmean(shifts)) if shifts else None
+
+
+def positive_number(x: Any) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) and x > 0
+
+
+def _judge_host_load(
+    row: dict[str, Any], ci: RatioCI, values: list[tuple[Any, Any]], lags: list[tuple[float, float] | None]
+) -> None:
+    """Could the client's own stalls have changed this verdict? A claim (- or +) could be undone
+    when its CI, widened by the bound on each side, reaches 1; a "no difference" (~ from a CI that
+    contains 1) could hide one when the CI, shifted by the bound, leaves 1 behind. Only then is the
+    row marked `!`; otherwise the bound is recorded and the verdict stands."""
+    bound = host_load_bound(values, lags)
+    row["host_load_bound"] = expm1_safe(bound) if bound is not None else None
+    if bound is None or bound == 0 or not ci.has_ci or row["mark"] not in "-+~":
+        return
+    assert ci.ci_low is not None and ci.ci_high is not None
+    lo, hi = ci.ci_low * math.exp(-bound), ci.ci_high * math.exp(bound)
+    wide = lo <= 1.0 <= hi
+    if row["mark"] in "-+":
+        changes = wide
+    else:
+        contains = ci.ci_low <= 1.0 <= ci.ci_high
+        changes = contains and (ci.ci_low * math.exp(bound) > 1.0 or ci.ci_high * math.exp(-bound) < 1.0)
+    if changes:
+        row["why"] = (
+            f"host load: the client's own stalls could move B/A by up to {expm1_safe(bound):.1%}, "
+            f"enough to change this verdict ({row['mark']}: {row['why']})"
+        )
+        row["mark"] = "!"
 
 
 def _left_out_text(undefined: dict[int, str]) -> str:

@@ -181,7 +181,14 @@ def build_report(layout: RunLayout, numerics_tolerances: dict[str, float] | None
             name = per_request_latency(metric)
             samples = latency_samples(reader, cell.cell_id, list(cell.runs), name) if name else None
             row = compare_metric(
-                cell, metric, ab_cfg["bootstrap_resamples"], ab_cfg["seed"], delta, samples, aa_run
+                cell,
+                metric,
+                ab_cfg["bootstrap_resamples"],
+                ab_cfg["seed"],
+                delta,
+                samples,
+                aa_run,
+                lag_rule=limits.get("loop_lag_share") is not None,
             )
             if row:
                 row["line"] = ab_line(row)

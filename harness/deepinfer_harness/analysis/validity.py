@@ -143,21 +143,11 @@ def timing_scale(cell: Cell, summary: dict[str, Any]) -> str | None:
 def lag_violations(
     cell: Cell, lag: dict[str, Any], summary: dict[str, Any], limits: dict[str, Any]
 ) -> list[str]:
-    """Host load, one line per broken rule. A timestamp is late by the loop's lag (run/looplag.py), so
-    a median the cell reports can move by about the median lag and a p99 by about the p99 lag: each
-    must stay within `loop_lag_share` of the cell's own median / p99 timing (its timing_scale). The
-    absolute caps `loop_lag_p99_ms` / `loop_lag_max_ms` apply where set (runs written before the
-    shares existed carry only those)."""
-    out = []
-    name, share = timing_scale(cell, summary), limits.get("loop_lag_share")
-    if name and isinstance(share, int | float):
-        for stat, of in (("p50", "median"), ("p99", "p99")):
-            value, timing = lag.get(f"loop_lag_{stat}_ms"), _positive(summary.get(f"{of}_{name}_ms"))
-            if isinstance(value, int | float) and timing and value > share * timing:
-                out.append(
-                    f"host load: client event-loop lag {stat} {value:.2f} ms > {share:.0%} of the cell's "
-                    f"{of} {name.upper()} {timing:.1f} ms: that {of} can move by more than {share:.0%}"
-                )
+    """Host load, one line per broken absolute cap (`loop_lag_p99_ms` / `loop_lag_max_ms`, where
+    set). The client's lag no longer invalidates a run against its own timings: whether it could
+    have changed an A/B verdict is decided per row, from both arms' lags (ab.host_load_bound);
+    `loop_lag_share: null` turns that row rule off."""
+    out: list[str] = []
     for stat in ("p99", "max"):
         value, cap = lag.get(f"loop_lag_{stat}_ms"), limits.get(f"loop_lag_{stat}_ms")
         if isinstance(value, int | float) and isinstance(cap, int | float) and value > cap:
