@@ -97,3 +97,26 @@ def test_rebuild_is_a_noop(built: tuple[Path, dict]) -> None:
     before = (out / manifest["shard"]).stat().st_mtime_ns
     assert R.build(out)["recipe"] == manifest["recipe"]
     assert (out / manifest["shard"]).stat().st_mtime_ns == before
+
+
+def test_release_engines() -> None:
+    from deepinfer_sm80.integration.pp.plan import build_plan
+    from deepinfer_sm80.integration.pp.topology import Topology
+    from deepinfer_sm80.testing.e2e.release import RELEASE_K, release_engines
+
+    t = R.release_text_config()
+    engines = {e.name: e for e in release_engines([2, 3, 4], ["pp_forward"])}
+    assert set(engines) == {"release_main", "release_dspark", "release_pp3_14_14_12_dspark",
+                            "release_pp3_13_14_13", "release_pp2_20_20", "release_pp8"}  # fmt: skip
+    assert RELEASE_K == t["dspark_block_size"] == 5
+    topo = Topology.from_config(t)
+    for e in engines.values():
+        spec = e.engine.get("speculative_config")
+        assert spec is None or spec["num_speculative_tokens"] == RELEASE_K
+        assert (e.spec_of if spec else e.same_as) in (None, "release_main")
+        if e.partition:
+            sizes = tuple(int(x) for x in e.partition.split(","))
+            assert sum(sizes) == 40 and e.engine["pipeline_parallel_size"] == len(sizes)
+            build_plan(topo, sizes)  # the plan calls the cut legal
+    assert engines["release_pp3_14_14_12_dspark"].aux_of == "release_dspark"
+    assert engines["release_pp8"].partition == "5,5,5,5,5,5,6,4"
