@@ -5,7 +5,7 @@
 #   DEEPINFER_GIT_SHA=<sha> bash scripts/gpu_engine.sh OUT_DIR [ENGINES]
 # ENGINES: name@level list for `python -m deepinfer_sm80.testing.e2e.gpu run` (default: all, in its order).
 # Each step is time-boxed (scripts/timebox.sh) and writes its JSON straight into OUT_DIR when it ends:
-# versions.json, setup.json, <engine>-<level>.json; logs.tar.gz is rewritten after every step. A failing
+# setup.json (versions folded in), <engine>-<level>.json; logs.tar.gz is rewritten after every step. A failing
 # step never stops the call. GPU_ENGINE_DRY=1 runs the CPU-checkable parts only (no engine), anywhere.
 set -uo pipefail
 OUT_DIR=${1:?out dir}; ENGINES=${2:-}
@@ -77,11 +77,14 @@ from pathlib import Path
 from deepinfer_sm80.testing.e2e.gpu import shard_sha256
 from deepinfer_sm80.testing.provenance import provenance
 t = time.perf_counter()
-info = {"provenance": provenance("bash scripts/gpu_engine.sh $OUT"), "checkpoint_sha256": shard_sha256(Path(sys.argv[1])),
+versions = Path(sys.argv[2]).with_name("versions.json")
+info = {"versions": json.loads(versions.read_text()) if versions.exists() else None,
+        "provenance": provenance("bash scripts/gpu_engine.sh $OUT"), "checkpoint_sha256": shard_sha256(Path(sys.argv[1])),
         "checkpoint_manifest": json.loads((Path(sys.argv[1]) / "tiny_v41.json").read_text()),
         "sha_s": time.perf_counter() - t,
         "note": "torch/triton are the device image's (not the project's pins torch 2.13 / triton 3.7.1)"}
 Path(sys.argv[2]).write_text(json.dumps(info, indent=1))
+versions.unlink(missing_ok=True)  # folded into setup.json: at most 8 files come back from a call
 print(json.dumps(info)[:800])
 EOF
 }

@@ -31,10 +31,12 @@ sys.path.insert(0, str(ROOT / "overlay"))
 
 # The engine's imports missing from the GPU image (device KINDS.md package list, 2026-11-17), traced by
 # importing vLLM's offline engine, GPU worker, V4.1 model, DSpark and structured-output modules from the
-# wheel tree (the venv's versions). transformers / tokenizers / huggingface_hub travel because vLLM 0.32.0
-# needs transformers >= 5.16.1, < 5.20 and the image's version is not known to satisfy it.
+# wheel tree (the venv's versions) with only the image's packages and these on the path (the engine's
+# `vllm.parser` imports xgrammar and llguidance unguarded). transformers 5.17.0, tokenizers 0.23.2 and
+# huggingface_hub 1.33.0 on the image (read 2026-12-07) satisfy vLLM 0.32.0's requirements and stay.
 ENGINE_WHEELS = (
     "annotated-types==0.8.0",
+    "apache-tvm-ffi==0.1.11",
     "blake3==1.0.11",
     "cachetools==8.0.3",
     "cbor2==6.3.0",
@@ -46,10 +48,10 @@ ENGINE_WHEELS = (
     "fastapi==0.136.3",
     "httpcore2==2.17.0",
     "httpx2==2.17.0",
-    "huggingface_hub==2.4.0",
     "ijson==3.6.0",
     "jiter==0.19.0",
     "lark==1.2.2",
+    "llguidance==1.7.6",
     "msgspec==0.23.0",
     "openai==3.63.0",
     "oss-harmony==0.0.11",
@@ -64,10 +66,9 @@ ENGINE_WHEELS = (
     "setproctitle==1.3.8",
     "sniffio==1.3.1",
     "starlette==1.10.0",
-    "tokenizers==0.23.3",
-    "transformers==5.19.0",
     "truststore==0.10.5",
     "typing-inspection==0.4.5",
+    "xgrammar==0.2.8",
 )
 PLATFORMS = [f"manylinux_2_{n}_x86_64" for n in (5, 17, 24, 26, 27, 28, 31, 34, 35, 38, 39)] + [
     "manylinux2014_x86_64",

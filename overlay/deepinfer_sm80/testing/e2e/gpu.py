@@ -52,6 +52,10 @@ from deepinfer_sm80.testing.e2e.tree import ROOT, canonical_level
 HOOK_DIR = Path(__file__).resolve().parent / "gpu_hook"
 OVERLAY_DIR = ROOT / "overlay"
 KV_CACHE_BYTES = 1 << 30
+# CUDA graphs without vLLM's torch.compile (inductor is torch 2.11's here, not the 2.13 vLLM expects): whole
+# decode steps captured and replayed, the model run eagerly otherwise; it tells a compile failure from a
+# graph failure.
+NOCOMPILE_GRAPHS = {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY", "custom_ops": ["none"]}
 # The CPU runs these tokens are compared with (same checkpoint recipe: scripts/make_tiny_v41.py, seed 0).
 CPU_RUNS = ("results/e2e-cpu.json", "results/e2e-cpu-full-base.json")
 # sha256 of the tiny checkpoint's shard as `make tiny-model` writes it on the development machine
@@ -102,7 +106,7 @@ def engine_kwargs(*, eager: bool = False) -> dict[str, Any]:
 def plan(engram: bool) -> list[Engine]:
     """main (both levels): short, the 48- and 130-token selecting prompts chunked, a prefix-cache hit and
     four concurrent requests; dspark (both levels): speculation on, tokens = main's; eager (optimized):
-    graphs off, tokens = main's."""
+    graphs off, tokens = main's; graphs_nocompile (optimized): full decode graphs without torch.compile."""
     every = EVERY_FORWARD + (["engram_lookup"] if engram else [])
     short, long48, long130 = _prompt("short", 12), _prompt("long", LONG_TOKENS["ci"]), _prompt("long", 130)
     rows_short = {lv: every + DECODE_ROWS for lv in LEVELS}
@@ -154,6 +158,14 @@ def plan(engram: bool) -> list[Engine]:
             "eager",
             SELECTING,
             engine_kwargs(eager=True),
+            [cases[0], cases[1], cases[4]],
+            levels=("optimized",),
+            same_as="main",
+        ),
+        Engine(
+            "graphs_nocompile",
+            SELECTING,
+            engine_kwargs() | {"compilation_config": NOCOMPILE_GRAPHS},
             [cases[0], cases[1], cases[4]],
             levels=("optimized",),
             same_as="main",
@@ -437,7 +449,8 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--raw", type=Path, required=True, help="one JSON per engine and level lands here")
     r.add_argument("--work", type=Path, default=Path("/tmp/gpu-e2e-work"), help="plans, logs, model variants")
     r.add_argument(
-        "--engines", default="main@optimized,eager@optimized,main@base,dspark@optimized,dspark@base"
+        "--engines",
+        default="main@optimized,eager@optimized,graphs_nocompile@optimized,main@base,dspark@optimized,dspark@base",
     )
     r.add_argument("--engine-timeout", type=float, default=300.0)
     r.add_argument("--budget", type=float, default=480.0, help="seconds for all engines")

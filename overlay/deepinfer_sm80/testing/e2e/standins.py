@@ -1086,18 +1086,11 @@ def install() -> None:
 CUDA_ENV_SWITCH = "DEEPINFER_E2E_CUDA"
 CUDA_APPLIED: list[str] = []  # the CUDA stand-ins that took effect in this process (for the evidence)
 _CUDA_INSTALLED: list[bool] = []
-# vLLM's compiled extension modules (wheel RECORD) that a torch-2.11 box cannot load; importing one
-# gives an empty module, so `platforms/cuda.py:23` (`import vllm._C_stable_libtorch`) passes and each
-# op it would have registered is either stood in below or fails by name when called.
-COMPILED_EXTENSIONS = (
-    "vllm._C_stable_libtorch",
-    "vllm._moe_C_stable_libtorch",
-    "vllm._qutlass_C",
-    "vllm._flashmla_C",
-    "vllm._flashmla_extension_C",
-    "vllm._deepselect_C",
-    "vllm.cumem_allocator",
-)
+# vLLM's compiled extension modules (wheel RECORD) are built for torch 2.13 and do not travel. Every one
+# of them is imported under a guard (`except ImportError` / `find_spec`) and is simply absent here, except
+# `_C_stable_libtorch`, which `platforms/cuda.py:23` imports unguarded: that one is an empty module, and
+# each op it would register is either stood in below or fails by name when called.
+COMPILED_EXTENSIONS = ("vllm._C_stable_libtorch",)
 # MXFP8 linear kernels ahead of vLLM's own EmulationMxfp8LinearKernel in the CUDA list
 # (`kernels/linear/__init__.py:552-560`): each needs a compiled library the box lacks (FlashInfer,
 # `_C.marlin_gemm`, B12x). Disabled through vLLM's own VLLM_DISABLED_KERNELS, so the emulation
@@ -1111,7 +1104,7 @@ MXFP8_KERNELS_WITHOUT_LIBRARY = (
 # Every CUDA stand-in: name -> (the upstream compiled op or library it replaces, what serves on sm_80).
 CUDA_STANDINS: dict[str, tuple[str, str]] = {
     "compiled_extensions_absent": (
-        "vllm._C_stable_libtorch / _moe_C_stable_libtorch / ... (import at platforms/cuda.py:23)",
+        "vllm._C_stable_libtorch (unguarded import at platforms/cuda.py:23; an empty module)",
         "the wheel's compiled extensions (torch 2.13 ABI)",
     ),
     "fused_qnorm_rope_kv_insert_cuda": (
