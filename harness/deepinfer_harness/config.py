@@ -35,7 +35,7 @@ PATCH_LEVELS = ("base", "optimized")  # patch 00; patches 00+01 (deepinfer_sm80.
 
 # the float fields where .inf means something (all at once; Poisson's limit): every other number
 # must be finite, or e.g. window_s = .inf passes validation and crashes mid-run
-INF_ALLOWED = ("plan.rate.rates", "plan.rate.burstiness")
+INF_ALLOWED = ("plan.rate.rates", "plan.rate.burstiness", "plan.rate.ramps")  # ramps: its own check
 CHAT_TEMPLATE_MARGIN = 64  # tokens the chat template may add around a user message (role markers)
 
 

@@ -373,3 +373,32 @@ def test_the_lag_rule_marks_a_row_only_when_an_arm_sided_lag_could_change_its_ve
     _judge_host_load(row, ci, values, one_sided)
     assert row["mark"] == "!"
     assert host_load_bound(values, [None] * 6) is None  # runs recorded without a lag: not judged
+
+
+# defect 6: a declared A/A ends in one verdict a newcomer can read
+
+
+def test_a_declared_aa_run_ends_in_one_self_test_verdict(fake_server, tmp_path, capsys):
+    fake_server.configure()
+    profile = write_profile(tmp_path, fake_server.url, plan=PREFILL_ONLY)  # ab.aa: true
+    assert bench(tmp_path, profile, "--no-charts") == 0
+    out = capsys.readouterr()
+    verdict = "self-test (A/A): passed: 4 of 4 runs valid, no row claims or flags a difference"
+    assert out.out.splitlines()[0] == verdict and out.err.strip().splitlines()[-1] == verdict
+    summary = read_json(tmp_path / "results" / "fake" / "summary.json")
+    assert summary["self_test"] == {"passed": True, "line": verdict}
+
+
+def test_a_failed_self_test_names_what_failed(fake_server, tmp_path, capsys):
+    profile = write_profile(tmp_path, fake_server.url, plan=PREFILL_ONLY)
+    fake_server.configure(restart_after_requests=2)  # a "restart" inside the first run
+    try:
+        bench(tmp_path, profile, "--no-charts")
+    finally:
+        fake_server.configure()
+    line = capsys.readouterr().err.strip().splitlines()
+    verdict = [x for x in line if x.startswith("self-test (A/A): ")]
+    assert len(verdict) == 1 and verdict[0].startswith("self-test (A/A): FAILED: 1 runs invalid (first: "), (
+        verdict
+    )
+    assert "restart" in verdict[0]

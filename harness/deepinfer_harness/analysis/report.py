@@ -234,6 +234,8 @@ def build_report(layout: RunLayout, numerics_tolerances: dict[str, float] | None
         "numeric_certificate": ab["numeric_certificate"],
         "certificate_lines": certificate_lines(ab["numeric_certificate"]),
     }
+    if aa_run:
+        summary["self_test"] = self_test(summary, ab["rows"])
     summary["acceptance_by_workload"] = acceptance_by_workload(runs)
     summary["rate_sweep"] = rate_sweep(runs)
     if any(r.get("kind") == "rate" for r in runs):
@@ -605,6 +607,33 @@ def headline(summary: dict[str, Any]) -> str:
     )
 
 
+def self_test(summary: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """A declared A/A run is the harness's self-test: both arms are one build, so it passes when
+    every run is present and valid and no row claims or flags anything (every row ~ or ?); a
+    numeric parity certificate counts only where tolerances were declared (status ok or failed).
+    Returns {"passed": bool, "line": one sentence naming what failed}."""
+    failed = []
+    if summary["n_invalid"]:
+        first = summary["invalid_runs"][0]
+        why = (first["violations"] or ["?"])[0]
+        failed.append(f"{summary['n_invalid']} runs invalid (first: {first['run']}: {why})")
+    if summary["missing_runs"]:
+        failed.append(f"{len(summary['missing_runs'])} runs missing (first: {summary['missing_runs'][0]})")
+    for mark, word in (("!", "flagged"), ("x", "not comparable"), ("-", "better"), ("+", "worse")):
+        hit = [r for r in rows if r["mark"] == mark]
+        if hit:
+            failed.append(f"{len(hit)} rows {word} ({mark}; first: {hit[0]['cell_id']} {hit[0]['metric']})")
+    if (summary.get("numeric_certificate") or {}).get("status") == "failed":
+        failed.append("the numeric parity certificate failed")
+    n = summary["n_expected"]
+    if failed:
+        return {"passed": False, "line": f"self-test (A/A): FAILED: {'; '.join(failed)}"}
+    return {
+        "passed": True,
+        "line": f"self-test (A/A): passed: {n} of {n} runs valid, no row claims or flags a difference",
+    }
+
+
 def host_load_note(summary: dict[str, Any]) -> str:
     """` (K for host load alone: client lag p99 up to X ms)` where K > 0: those runs' timings were
     distorted by this host, not by the harness or the server; '' otherwise (and for old summaries)."""
@@ -625,6 +654,8 @@ def stdout_summary(summary: dict[str, Any], root: Path) -> list[str]:
     certificate's verdict and where every row is (ab.md); never one line per row."""
     rows = read_json(root / "ab.json")["rows"]
     lines = [headline(summary)]
+    if summary.get("self_test"):
+        lines.insert(0, summary["self_test"]["line"])
     for mark, word in CLAIMS:
         claimed = [r for r in rows if r["mark"] == mark]
         if claimed:
@@ -644,7 +675,9 @@ def stdout_summary(summary: dict[str, Any], root: Path) -> list[str]:
     if rest:
         lines.append("other rows: " + ", ".join(rest))
     cert = summary.get("numeric_certificate") or {}
-    if cert.get("checks"):
+    if cert.get("checks") and summary.get("aa_run") and cert["status"] == "incomplete":
+        lines.append("numeric parity certificate: not judged (an A/A declares no tolerance)")
+    elif cert.get("checks"):
         lines.append(f"numeric parity certificate: {cert['status']}")
     lines.append(f"every row ({len(rows)}): {root / 'ab.md'}; everything: {root / 'summary.json'}")
     return lines
