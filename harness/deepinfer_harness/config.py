@@ -484,10 +484,9 @@ class AB:
 
 @dataclass
 class Validity:
-    # Host load (analysis/validity.py lag_violations): the client's event-loop lag p50 / p99 may be this
-    # share of the cell's median / p99 timing (TTFT for prefill/TTFT cells, ITL for streamed ones, E2EL
-    # for NLL): 1 ms is noise against a 300 ms TTFT and a third of a 3 ms ITL. null turns it off; the
-    # *_ms caps are absolute and off by default.
+    # Host load: a number turns on the per-row rule (analysis/ab.py host_load_bound: could an arm-sided
+    # client lag change this A/B verdict?), null turns it off; the value is what runs recorded before
+    # issue 42 were judged with. The *_ms caps are absolute, invalidate a run, and are off by default.
     loop_lag_share: float | None = 0.05
     loop_lag_p99_ms: float | None = None
     loop_lag_max_ms: float | None = None
