@@ -165,7 +165,10 @@ def main(argv: list[str] | None = None) -> int:
     else:
         download(wheels)
     files = sorted(p for p in out.rglob("*") if p.is_file() and p.name not in ("READY", "manifest.json"))
+    from deepinfer_sm80.testing.e2e.tree import series
+
     manifest = {
+        "patches": {p.name: sha256_of(p) for p in series("optimized")},  # as applied (working tree)
         "wheels": list(ENGINE_WHEELS),
         "optimized_delta_files": sorted(delta),
         "optimized_removes": gone,

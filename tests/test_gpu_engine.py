@@ -159,7 +159,7 @@ def test_gpu_plan_and_targets_shape() -> None:
     engines = {e.name: e for e in gpu.plan(True)}
     assert {"main", "dspark", "eager", "graphs_nocompile"} <= set(engines)
     main = engines["main"].engine
-    assert main["async_scheduling"] and "enforce_eager" not in main and main["moe_backend"] == "cpu"
+    assert main["async_scheduling"] and "enforce_eager" not in main and main["moe_backend"] == "marlin"
     assert engines["eager"].engine["enforce_eager"] and engines["dspark"].spec_of == "main"
     assert any(c.expect_cached for c in engines["main"].cases)
     assert max(len(c.prompts) for c in engines["main"].cases) >= 4  # concurrent requests

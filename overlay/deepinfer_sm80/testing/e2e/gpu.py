@@ -82,7 +82,8 @@ def engine_kwargs(*, eager: bool = False) -> dict[str, Any]:
     """The GPU engine: vLLM's default compilation and CUDA-graph capture (unless `eager`), the async
     scheduler, chunked prefill in CHUNK_TOKENS chunks, prefix caching, 4 sequences at once; norms and
     activations on torch's path (`custom_ops: none`, no compiled `_C` kernels); the MXFP4 experts through
-    vLLM's CPU-experts class with the CUDA MoE stand-in (`--moe-backend cpu`, standins.CUDA_STANDINS)."""
+    vLLM's Marlin experts class (sm_80's) with the CUDA MoE stand-in (`--moe-backend marlin`,
+    standins.CUDA_STANDINS)."""
     kwargs: dict[str, Any] = {
         "dtype": "bfloat16",
         "kv_cache_dtype": "fp8_ds_mla",
@@ -95,7 +96,7 @@ def engine_kwargs(*, eager: bool = False) -> dict[str, Any]:
         "max_num_batched_tokens": CHUNK_TOKENS,
         "enable_prefix_caching": True,
         "async_scheduling": True,
-        "moe_backend": "cpu",
+        "moe_backend": "marlin",
         "compilation_config": {"custom_ops": ["none"]},
     }
     if eager:

@@ -1128,8 +1128,10 @@ CUDA_STANDINS: dict[str, tuple[str, str]] = {
         "MarlinMxfp8LinearKernel",
     ),
     "mxfp4_moe_dense_torch_cuda": (
-        "Marlin MXFP4 MoE (_moe_C.moe_wna16_marlin_gemm, experts/marlin_moe.py), reached through vLLM's "
-        "CPU MXFP4 experts class (--moe-backend cpu) whose AMX op (_C.fused_experts_cpu) is replaced",
+        "Marlin MXFP4 MoE (--moe-backend marlin): its weight repack (_C.gptq_marlin_repack, "
+        "marlin_utils_fp4.py:560) and MarlinExperts.apply (_moe_C.moe_wna16_marlin_gemm, "
+        "moe_align_block_size; experts/marlin_moe.py:718), by a dense torch W4A16 MoE with Marlin's bf16 "
+        "storage points on the loaded layout",
         "Marlin MXFP4 MoE (W4A16)",
     ),
     "mhc_reference_cuda": (
@@ -1208,7 +1210,17 @@ def _store_kernel() -> Any:
 
     @triton.jit
     # Triton reads parameter annotations: only the constexpr carries one
-    def store_records(src, slots, dst, page_stride, block_size, region_off, row_bytes, dst_row_bytes, BLOCK: tl.constexpr) -> None:  # noqa: ANN001, E501
+    def store_records(
+        src,  # noqa: ANN001
+        slots,  # noqa: ANN001
+        dst,  # noqa: ANN001
+        page_stride,  # noqa: ANN001
+        block_size,  # noqa: ANN001
+        region_off,  # noqa: ANN001
+        row_bytes,  # noqa: ANN001
+        dst_row_bytes,  # noqa: ANN001
+        BLOCK: tl.constexpr,
+    ) -> None:
         t = tl.program_id(0)
         slot = tl.load(slots + t).to(tl.int64)
         if slot >= 0:
@@ -1491,16 +1503,38 @@ def mxfp4_moe_dense(
     output.copy_(slots.sum(dim=1).to(output.dtype))
 
 
-def _cuda_mxfp4_moe(module: Any) -> None:
-    """vLLM's CPU MXFP4 experts class (selected with `--moe-backend cpu`) computing `mxfp4_moe_dense` on
-    the GPU: its device check answers for CUDA, its AMX prepacking keeps the loaded layout, and its
-    `apply` (the AMX op `_C.fused_experts_cpu`) is the dense torch MoE. On sm_80 Marlin MXFP4 serves."""
-    cls = module.CPUExpertsMxfp4
+def _cuda_marlin_prepare(module: Any) -> None:
+    """Marlin's MXFP4 weight repacking kept out: the experts keep the loaded layout (uint8 e2m1 codes,
+    UE8M0 scales), which `mxfp4_moe_dense` reads.
 
-    def prepare_mxfp4_moe_layer_for_cpu(
-        w13: torch.Tensor, w2: torch.Tensor, w13_scale: torch.Tensor, w2_scale: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        return w13, w2, w13_scale, w2_scale
+    Replaces: `quantization/utils/marlin_utils_fp4.py:560` (`prepare_moe_mxfp4_layer_for_marlin`), whose
+    repack is the compiled `_C.gptq_marlin_repack`; called by `fused_moe/oracle/mxfp4.py:1569`. On sm_80
+    the repack serves.
+    """
+
+    def prepare_moe_mxfp4_layer_for_marlin(
+        layer: Any,
+        w13: torch.Tensor,
+        w2: torch.Tensor,
+        w13_scale: torch.Tensor,
+        w2_scale: torch.Tensor,
+        w13_bias: torch.Tensor | None,
+        w2_bias: torch.Tensor | None,
+    ) -> tuple[Any, ...]:
+        return w13, w2, w13_scale, w2_scale, w13_bias, w2_bias
+
+    module.prepare_moe_mxfp4_layer_for_marlin = prepare_moe_mxfp4_layer_for_marlin
+
+
+def _cuda_marlin_moe(module: Any) -> None:
+    """vLLM's Marlin MoE experts (the class sm_80 serves V4.1's MXFP4 experts with, `--moe-backend marlin`)
+    computing `mxfp4_moe_dense` on the loaded layout.
+
+    Replaces: `fused_moe/experts/marlin_moe.py:718` (`MarlinExperts.apply` -> `fused_marlin_moe`, whose
+    GEMMs are the compiled `_moe_C.moe_wna16_marlin_gemm` and whose routing is `_moe_C.moe_align_block_size`).
+    On sm_80 that Marlin MoE serves.
+    """
+    cls = module.MarlinExperts
 
     def apply(
         self: Any,
@@ -1521,21 +1555,28 @@ def _cuda_mxfp4_moe(module: Any) -> None:
         apply_router_weight_on_input: bool,
     ) -> None:
         if apply_router_weight_on_input:
-            raise NotImplementedError("CPUExpertsMxfp4 does not support apply_router_weight_on_input=True.")
+            raise NotImplementedError("e2e CUDA MoE stand-in: apply_router_weight_on_input=True")
         quant = self.quant_config
         alpha = getattr(quant, "gemm1_alpha", None)
         if getattr(activation, "value", activation) != "silu" or alpha is not None:
-            raise NotImplementedError(f"e2e CUDA MXFP4 MoE stand-in: activation {activation}")
+            raise NotImplementedError(f"e2e CUDA MXFP4 MoE stand-in: activation {activation} alpha {alpha}")
         mxfp4_moe_dense(
-            output, hidden_states, w1, w2, self.w1_scale, self.w2_scale, topk_weights, topk_ids,
-            swiglu_limit=getattr(quant, "gemm1_clamp_limit", None), w13_bias=quant.w1_bias,
-            w2_bias=quant.w2_bias, expert_map=expert_map,
-        )  # fmt: skip
+            output,
+            hidden_states,
+            w1,
+            w2,
+            self.w1_scale,
+            self.w2_scale,
+            topk_weights,
+            topk_ids,
+            swiglu_limit=getattr(quant, "gemm1_clamp_limit", None),
+            w13_bias=self.w1_bias,
+            w2_bias=self.w2_bias,
+            expert_map=expert_map,
+        )
         _cuda_note("mxfp4_moe_dense_torch_cuda")
 
-    cls._supports_current_device = staticmethod(lambda: torch.cuda.is_available())
     cls.apply = apply
-    module.prepare_mxfp4_moe_layer_for_cpu = prepare_mxfp4_moe_layer_for_cpu
 
 
 def _cuda_mhc_model(module: Any) -> None:
@@ -1571,7 +1612,8 @@ def install_cuda() -> None:
     _after_import("vllm._custom_ops")(_cuda_custom_ops)
     _after_import("vllm.models.deepseek_v41.nvidia.model")(_cuda_mhc_model)
     _after_import("vllm.models.deepseek_v41.nvidia.dspark")(_cuda_mhc_dspark)
-    _after_import("vllm.model_executor.layers.fused_moe.experts.cpu_moe")(_cuda_mxfp4_moe)
+    _after_import("vllm.model_executor.layers.quantization.utils.marlin_utils_fp4")(_cuda_marlin_prepare)
+    _after_import("vllm.model_executor.layers.fused_moe.experts.marlin_moe")(_cuda_marlin_moe)
     from deepinfer_sm80.testing.e2e import coverage
 
     coverage.install()
