@@ -55,9 +55,11 @@ import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
+import tiny_v41_drafter  # scripts/: the drafter's distillation
+
 BLOCK = 32  # FP8 scale block (both dims) and MXFP4 group
 E4M3_MAX = 448.0
-RECIPE_VERSION = 3
+RECIPE_VERSION = 4  # 4: the DSpark Markov head distilled from the target (tiny_v41_drafter.py)
 HEAD_STD = 0.05  # head rows N(0, HEAD_STD^2) x exp(z - 1), z ~ N(0, 1) per row (module docstring)
 SMALL_TOPK = {"index_topk": 16, "candidate_topk_blocks": 4}  # the --small-topk variant
 ENGRAM_VOCAB = 1000  # the hash tables' prime sizes start above this
@@ -364,9 +366,12 @@ def build(out: Path, seed: int = 0, small_topk: bool = False) -> dict:
     save_file(data, str(out / shard), metadata={"format": "pt"})
     total = sum(v.numel() * v.element_size() for v in data.values())
     index = {"metadata": {"total_size": total}, "weight_map": {k: shard for k in sorted(data)}}
+    del data
     (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=1))
+    # the Markov head, distilled from the target's tensors on disk (tiny_v41_drafter.py)
+    drafter = tiny_v41_drafter.install(out, shard, seed)
     manifest = {"recipe": digest, "seed": seed, "small_topk": small_topk, "shard": shard,
-                "tensors": len(data), "bytes": total}  # fmt: skip
+                "tensors": len(index["weight_map"]), "bytes": total, "drafter": drafter}  # fmt: skip
     stamp.write_text(json.dumps(manifest, indent=1))
     return manifest
 

@@ -114,3 +114,95 @@ def test_rebuild_is_a_noop(built) -> None:
     before = (out / manifest["shard"]).stat().st_mtime_ns
     assert T.build(out)["recipe"] == manifest["recipe"]
     assert (out / manifest["shard"]).stat().st_mtime_ns == before
+
+
+# ----------------------------------------------------------------------------- the drafter (issue 37, item 6)
+def test_drafter_fit_is_copy_first() -> None:
+    import tiny_v41_drafter as D
+
+    s = D.Samples(prev=[5] * 4 + [7] * 3 + [9] * 2, nxt=[6, 6, 6, 6, 8, 8, 7, 4, 3])
+    m = D.fit(s, rank=256)
+    # 5 -> 6 four times beats the copy prior; 7 -> 8 twice does not beat 1 + COPY_PRIOR; 9 unseen as 9 -> 9
+    assert D.COPY_PRIOR == 2 and m.moves == {5: 6} and m.predict(7) == 7 and m.predict(9) == 9
+    assert m.predict(123) == 123 and m.frequent[0] == 6
+    assert D.accuracy(m, s) == 5 / 9
+
+
+def test_drafter_codes_make_the_map_the_argmax() -> None:
+    import tiny_v41_drafter as D
+    import torch
+
+    m = D.NextMap(moves={10: 20, 30: 20, 40: 41}, frequent=[20, 41, 7])
+    w1, w2 = D.markov_tensors(m, vocab=1024, rank=256, seed=0)
+    assert (w1.dtype, tuple(w1.shape), w2.dtype, tuple(w2.shape)) == (torch.bfloat16, (1024, 256)) * 2
+    bias = w1.float() @ w2.float().T  # [prev, next]
+    top = bias.topk(2, dim=1)
+    assert top.indices[:, 0].tolist() == [m.predict(p) for p in range(1024)]
+    assert float(top.values[:, 0].min()) > 0.98 * D.SCALE
+    assert float(top.values[:, 1].max()) < 0.5 * D.SCALE  # cross-talk well below the map's choice
+    assert float(bias[10, 41].abs()) == 0.0  # frequent ids: exactly orthogonal codes
+    again = D.markov_tensors(m, vocab=1024, rank=256, seed=0)
+    assert all(
+        torch.equal(a.view(torch.uint8), b.view(torch.uint8)) for a, b in zip((w1, w2), again, strict=True)
+    )
+
+
+def test_drafter_sequences_are_seeded_and_apart_from_the_e2e_prompts() -> None:
+    import tiny_v41_drafter as D
+
+    plan = D.Plan()
+    seqs = D.sequences(plan)
+    assert seqs == D.sequences(plan) and seqs != D.sequences(D.Plan(seed=1))
+    ids = [[i for i, _ in s] for s in seqs]
+    assert all(D.LOW <= i < D.HIGH for s in ids for i in s)
+    from deepinfer_sm80.testing.e2e.runner import _prompt
+
+    for name, n in (("short", 12), ("long", 64), ("tail", 8)):
+        p = _prompt(name, n)[:8]
+        assert not any(s[k : k + 8] == p for s in ids for k in range(len(s) - 7)), name
+
+
+def test_patch_tensors_rewrites_in_place(tmp_path: Path) -> None:
+    import tiny_v41_drafter as D
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    f = tmp_path / "x.safetensors"
+    save_file({"a": torch.zeros(4, 8, dtype=torch.bfloat16), "b": torch.ones(3)}, str(f))
+    D.patch_tensors(f, {"a": torch.full((4, 8), 2.5, dtype=torch.bfloat16)})
+    got = load_file(str(f))
+    assert torch.equal(got["a"], torch.full((4, 8), 2.5, dtype=torch.bfloat16))
+    assert torch.equal(got["b"], torch.ones(3))
+    with pytest.raises(ValueError):
+        D.patch_tensors(f, {"a": torch.zeros(8, 4)})
+
+
+def test_drafter_in_the_checkpoint(built) -> None:
+    """The Markov tensors are the manifest's map, dominate the real backbone's logits in the oracle's
+    drafter, and the map predicts held-out sequences (another seed) at least as well as copying does."""
+    import tiny_v41_drafter as D
+    import torch
+    from safetensors import safe_open
+
+    from deepinfer_sm80.testing.oracle import V41Oracle
+
+    out, manifest = built
+    with safe_open(str(out / manifest["shard"]), "pt") as f:
+        w1, w2 = f.get_tensor("mtp.2.markov_head.embed.weight"), f.get_tensor("mtp.2.markov_head.head.weight")
+    assert (w1.dtype, tuple(w1.shape), w2.dtype, tuple(w2.shape)) == (torch.bfloat16, (1024, 256)) * 2
+    g = (w1.float() @ w2.float().T).argmax(dim=1).tolist()
+    moves = {p: n for p, n in enumerate(g) if n != p}
+    info = manifest["drafter"]
+    assert len(moves) == info["moves"] and info["samples"] > 100
+    oracle = V41Oracle.load(out)
+    ids = [int(x) for x in torch.randint(2, 1000, (12,), generator=torch.Generator().manual_seed(4242))]
+    anchor, drafts = oracle.draft(ids, 3)
+    chain = [g[anchor]]
+    for _ in range(2):
+        chain.append(g[chain[-1]])
+    assert drafts == chain  # the Markov head decides the drafts over the random backbone's base logits
+    held = D.collect(oracle, D.Plan(seed=1, sequences=1, blocks=2, rounds=3))
+    m = D.NextMap(moves, [])
+    assert len(held.prev) > 10
+    assert D.accuracy(m, held) >= D.accuracy(D.NextMap({}, []), held) - 0.05
+    assert D.accuracy(m, held) >= 0.2
