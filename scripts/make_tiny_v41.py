@@ -41,8 +41,17 @@ compressed positions, as blocks of 8), so the indexer really selects, and layer 
 layer 3's candidate blocks, on prompts of a few dozen tokens (attention.py skips the indexer while
 `max_seq_len // ratio <= index_topk`). Every other value and byte is the default variant's.
 
-Values are seeded (crc32 of the tensor name and the seed): the same command writes the same bytes.
-Running it again with the same arguments is a no-op (a stamp file holds the digest of the recipe).
+Drafter: the DSpark Markov head (`mtp.2.markov_head.embed` / `.head`, bf16 [1024, 256], names and dtypes
+as released) is not random: after the shard is written, `tiny_v41_drafter.install` runs the oracle on
+seeded teacher-forced sequences (Jacobi rounds; disjoint from the e2e prompts), fits a next-token map
+g(prev) and writes it in place as one-hot / orthogonal codes whose bias (256 on g(prev)) dominates the
+random backbone's base logits, so the drafts are the chain g(anchor), g(g(anchor)), ... This random
+target's continuations mostly repeat their current token (its logits are dominated by the context, not
+the current token), so g is copy-first; the manifest records the map's digest, its sample count and fit.
+
+Values are seeded (crc32 of the tensor name and the seed; the drafter's sequences and codes from the
+seed too): the same command writes the same bytes. Running it again with the same arguments is a no-op
+(a stamp file holds the digest of the recipe).
 """
 
 from __future__ import annotations
