@@ -359,11 +359,15 @@ def cmd_check(args: argparse.Namespace) -> int:
     text = cfg.get("text_config", cfg)
     engines = plan(bool(text.get("engram_layer_ids")))
     setup = json.loads((raw / "setup.json").read_text()) if (raw / "setup.json").exists() else {}
+    if not setup.get("versions") and (raw / "versions.json").exists():  # runs before versions were folded in
+        setup["versions"] = json.loads((raw / "versions.json").read_text())
     device_sha = setup.get("checkpoint_sha256")
     local_sha = shard_sha256(model)
     same = device_sha == local_sha == CPU_SHARD_SHA256
+    prov = dict(setup.get("provenance") or provenance())
+    prov["note"] = "torch/triton are the lent GPU image's, not the project's pins (torch 2.13, triton 3.7.1)"
     report: dict[str, Any] = {
-        "provenance": setup.get("provenance") or provenance(),
+        "provenance": prov,
         "checked_by": provenance(),
         "device_setup": setup,
         "stand_ins": {k: {"replaces": v[0], "on_sm80": v[1]} for k, v in CUDA_STANDINS.items()},
