@@ -1,21 +1,34 @@
-"""Typed profile configuration: YAML → nested dataclasses, `--set a.b=value` overrides, validation.
+"""Typed profile configuration: YAML → nested pydantic v2 models, `--set a.b=value` overrides, validation.
 
-Profiles live in harness/profiles/<name>.yaml (or any path). Unknown keys are errors, and
-`__post_init__` rejects configurations that vLLM 0.32.0 would refuse or that would silently
-change the measurement (e.g. max_model_len below ISL + OSL, which clamps max_tokens).
+Profiles live in harness/profiles/<name>.yaml (or any path). The schema is the models below: every
+section forbids unknown keys (`extra="forbid"`), every number is typed strictly (no bool for an
+integer, no "5" for a number) and finite except where infinity means something (`Rate`: all at
+once, a constant gamma process), and the YAML loader refuses a key given twice. Each section's
+`check_ranges` then rejects configurations that vLLM 0.32.0 would refuse or that would silently
+change the measurement (e.g. max_model_len below ISL + OSL, which clamps max_tokens). Whatever
+pydantic refuses is mapped to one ConfigError line naming the field, its value and what is allowed
+(`_message`): those lines are the contract the bad-input tests hold word for word.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import types
 import typing
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Self
 
 import yaml
+from pydantic import (
+    AllowInfNan,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    Strict,
+    ValidationError,
+    model_validator,
+)
 
 from deepinfer_harness.cells import ARRIVALS, DEFAULT_WORKLOAD, RAMPS, WORKLOADS, format_rate, id_number_error
 from deepinfer_harness.lengths import length_error, max_length
@@ -31,16 +44,59 @@ PROFILE_DIR = Path(__file__).resolve().parent.parent / "profiles"
 VARIANTS = ("A", "B")
 SERVER_MODES = ("local", "docker", "url", "level")
 PATCH_LEVELS = ("base", "optimized")  # patch 00; patches 00+01 (deepinfer_sm80.bindings.LEVELS)
-
-
-# the float fields where .inf means something (all at once; Poisson's limit): every other number
-# must be finite, or e.g. window_s = .inf passes validation and crashes mid-run
-INF_ALLOWED = ("plan.rate.rates", "plan.rate.burstiness", "plan.rate.ramps")  # ramps: its own check
 CHAT_TEMPLATE_MARGIN = 64  # tokens the chat template may add around a user message (role markers)
+
+
+def _scalar_text(value: Any) -> Any:
+    """A string field takes a YAML number too (env: "1" or 1); never a bool."""
+    return str(value) if isinstance(value, int | float) and not isinstance(value, bool) else value
+
+
+Int = Annotated[int, Strict()]  # an integer; not a bool, not "5"
+Bool = Annotated[bool, Strict()]
+Str = Annotated[str, BeforeValidator(_scalar_text), Strict()]
+# a number (an integer is taken as one) that must be finite: .inf / .nan in e.g. window_s would pass
+# validation and crash or hang mid-run
+Float = Annotated[float, Strict(), AllowInfNan(False)]
+# the numbers where .inf means something: plan.rate.rates (all at once), plan.rate.burstiness (even
+# gaps); plan.rate.ramps' rates are Rate too so that their own check names the field ("finite rate")
+Rate = Annotated[float, Strict()]
 
 
 class ConfigError(ValueError):
     pass
+
+
+class _SectionError(ConfigError):
+    """A section refused while it was built (pydantic builds a nested section through its own
+    `__init__`): the message is re-made with the enclosing path once that is known."""
+
+    def __init__(self, cls: type[BaseModel], data: Any, exc: ValidationError) -> None:
+        self.cls, self.data, self.exc = cls, data, exc
+        super().__init__(_message(cls, data, exc, ""))
+
+    def at(self, where: str) -> str:
+        return _message(self.cls, self.data, self.exc, where)
+
+
+class _Section(BaseModel):
+    """One profile section: unknown keys refused, fields typed strictly, then `check_ranges`."""
+
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+    def __init__(self, /, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            raise _SectionError(type(self), data, exc) from None
+
+    @model_validator(mode="after")
+    def _ranges(self) -> Self:
+        self.check_ranges()
+        return self
+
+    def check_ranges(self) -> None:
+        """The section's range and consistency rules (one ConfigError line each)."""
 
 
 def _require(ok: bool, name: str, value: Any, rule: str) -> None:
@@ -73,17 +129,16 @@ def _specs(
             _require(ok, f"{name}[].{key}", v, "must be an integer >= 1")
 
 
-@dataclass
-class Topology:
-    tp: int = 1
-    pp: int = 1
-    pp_partition: list[int] | None = None
-    num_hidden_layers: int | None = None
-    kv_sharing_groups: list[list[int]] = field(default_factory=list)
-    nodes: int = 1
-    ray: bool = False
+class Topology(_Section):
+    tp: Int = 1
+    pp: Int = 1
+    pp_partition: list[Int] | None = None
+    num_hidden_layers: Int | None = None
+    kv_sharing_groups: list[list[Int]] = Field(default_factory=list)
+    nodes: Int = 1
+    ray: Bool = False
 
-    def __post_init__(self) -> None:
+    def check_ranges(self) -> None:
         for name in ("tp", "pp", "nodes"):
             _require(getattr(self, name) >= 1, f"topology.{name}", getattr(self, name), "must be >= 1")
         if self.pp_partition is not None:
@@ -103,34 +158,33 @@ class Topology:
         return illegal_boundaries(self.pp_partition, self.groups()) if self.pp_partition else []
 
 
-@dataclass
-class Server:
-    mode: str = "local"  # local | docker | url | level (a local patched CPU tree per arm)
-    schedule: str = "sequential"  # sequential: one server at a time; concurrent: both arms up at once
-    images: dict[str, str] = field(
+class Server(_Section):
+    mode: Str = "local"  # local | docker | url | level (a local patched CPU tree per arm)
+    schedule: Str = "sequential"  # sequential: one server at a time; concurrent: both arms up at once
+    images: dict[Str, Str] = Field(
         default_factory=lambda: {"A": "deepinfer-sm80:baseline", "B": "deepinfer-sm80:deepinfer"}
     )
-    urls: dict[str, str] = field(default_factory=dict)
+    urls: dict[Str, Str] = Field(default_factory=dict)
     # local mode: `vllm serve` through this interpreter; `commands` may give each arm its own
     # install (e.g. two virtualenvs), otherwise both arms run `command` (an A/A unless env differs)
-    command: list[str] = field(
+    command: list[Str] = Field(
         default_factory=lambda: ["{python}", "-m", "vllm.entrypoints.cli.main", "serve"]
     )
-    commands: dict[str, list[str]] = field(default_factory=dict)
-    host: str = "127.0.0.1"
-    ports: dict[str, int] = field(default_factory=lambda: {"A": 8100, "B": 8101})
-    env: dict[str, str] = field(default_factory=dict)
-    variant_env: dict[str, dict[str, str]] = field(default_factory=dict)
-    pass_env: list[str] = field(default_factory=list)  # host variables the server may see (by name)
-    docker_args: list[str] = field(default_factory=list)
-    health_timeout_s: float = 1800.0
-    nice: int = 0  # >0: lower the server's CPU priority, its session autogroup included (Linux)
+    commands: dict[Str, list[Str]] = Field(default_factory=dict)
+    host: Str = "127.0.0.1"
+    ports: dict[Str, Int] = Field(default_factory=lambda: {"A": 8100, "B": 8101})
+    env: dict[Str, Str] = Field(default_factory=dict)
+    variant_env: dict[Str, dict[Str, Str]] = Field(default_factory=dict)
+    pass_env: list[Str] = Field(default_factory=list)  # host variables the server may see (by name)
+    docker_args: list[Str] = Field(default_factory=list)
+    health_timeout_s: Float = 1800.0
+    nice: Int = 0  # >0: lower the server's CPU priority, its session autogroup included (Linux)
     # mode level: each arm serves vLLM patched to a DeepInfer level on CPU (issue 20): A base (00),
     # B optimized (00+01), from the scratch trees deepinfer_sm80.testing.e2e prepares
-    levels: dict[str, str] = field(default_factory=dict)
-    level_work: str | None = None  # where the scratch trees live; None: the e2e module's own default
+    levels: dict[Str, Str] = Field(default_factory=dict)
+    level_work: Str | None = None  # where the scratch trees live; None: the e2e module's own default
 
-    def __post_init__(self) -> None:
+    def check_ranges(self) -> None:
         if self.mode not in SERVER_MODES:
             raise ConfigError(f"server.mode = {self.mode!r}: allowed {list(SERVER_MODES)}")
         if self.schedule not in ("sequential", "concurrent"):
@@ -168,16 +222,15 @@ class Server:
             )
 
 
-@dataclass
-class PrefillPlan:
-    isls: list[int] = field(default_factory=list)
-    n: int = 5
-    n_long: int = 3  # ISL >= long_isl
-    long_isl: int = 160_000
-    concurrent: list[dict[str, int]] = field(default_factory=list)  # [{isl, c, n}]
-    workload: str = DEFAULT_WORKLOAD  # prompt text of the prefill cells (workloads.py)
+class PrefillPlan(_Section):
+    isls: list[Int] = Field(default_factory=list)
+    n: Int = 5
+    n_long: Int = 3  # ISL >= long_isl
+    long_isl: Int = 160_000
+    concurrent: list[dict[Str, Int]] = Field(default_factory=list)  # [{isl, c, n}]
+    workload: Str = DEFAULT_WORKLOAD  # prompt text of the prefill cells (workloads.py)
 
-    def __post_init__(self) -> None:
+    def check_ranges(self) -> None:
         _workload("plan.prefill.workload", self.workload)
         _each_positive("plan.prefill.isls", self.isls)
         for name in ("n", "n_long", "long_isl"):
@@ -185,17 +238,16 @@ class PrefillPlan:
         _specs("plan.prefill.concurrent", self.concurrent, ("isl", "c"), ("n",))
 
 
-@dataclass
-class DecodePlan:
-    isl: int = 2048
-    osl: int = 512
-    concurrencies: list[int] = field(default_factory=list)
-    warmup_s: float = 30.0
-    window_s: float = 120.0
-    min_steps: int = 2000
-    workloads: list[str] = field(default_factory=lambda: [DEFAULT_WORKLOAD])  # one decode cell per C each
+class DecodePlan(_Section):
+    isl: Int = 2048
+    osl: Int = 512
+    concurrencies: list[Int] = Field(default_factory=list)
+    warmup_s: Float = 30.0
+    window_s: Float = 120.0
+    min_steps: Int = 2000
+    workloads: list[Str] = Field(default_factory=lambda: [DEFAULT_WORKLOAD])  # one decode cell per C each
 
-    def __post_init__(self) -> None:
+    def check_ranges(self) -> None:
         for w in self.workloads:
             _workload("plan.decode.workloads", w)
         _require(bool(self.workloads), "plan.decode.workloads", self.workloads, "needs at least one workload")
@@ -207,22 +259,21 @@ class DecodePlan:
         _require(self.min_steps >= 0, "plan.decode.min_steps", self.min_steps, "must be >= 0")
 
 
-@dataclass
-class GreedyPlan:
-    isl: int = 2048
-    osl: int = 256
-    concurrencies: list[int] = field(default_factory=list)
-    n: int = 8
-    workload: str = DEFAULT_WORKLOAD
+class GreedyPlan(_Section):
+    isl: Int = 2048
+    osl: Int = 256
+    concurrencies: list[Int] = Field(default_factory=list)
+    n: Int = 8
+    workload: Str = DEFAULT_WORKLOAD
 
-    def __post_init__(self) -> None:
+    def check_ranges(self) -> None:
         _workload("plan.greedy.workload", self.workload)
         for name in ("isl", "osl", "n"):
             _require(getattr(self, name) >= 1, f"plan.greedy.{name}", getattr(self, name), "must be >= 1")
         _each_positive("plan.greedy.concurrencies", self.concurrencies)
 
 
-Length = int | dict[str, float]  # an integer, {mean, std, min, max} or {min, max} (lengths.py)
+Length = Int | dict[Str, Float]  # an integer, {mean, std, min, max} or {min, max} (lengths.py)
 SLO_KEYS = ("ttft_ms", "tpot_ms", "e2el_ms")
 
 
@@ -239,16 +290,15 @@ def _id_numbers(name: str, values: list[float], what: str, allow_inf: bool = Fal
     _require(len(set(values)) == len(values), name, values, "must not repeat")
 
 
-@dataclass
-class Ramp:
+class Ramp(_Section):
     """`vllm bench serve --ramp-up-strategy S --ramp-up-start-rps A --ramp-up-end-rps B`: the
     request rate moves from start_rps to end_rps over the cell's requests (or its duration)."""
 
-    strategy: str  # linear | exponential; all three required (no silent default ramp)
-    start_rps: float
-    end_rps: float
+    strategy: Str  # linear | exponential; all three required (no silent default ramp)
+    start_rps: Rate
+    end_rps: Rate
 
-    def __post_init__(self) -> None:
+    def check_ranges(self) -> None:
         name = "plan.rate.ramps[]"
         _require(self.strategy in RAMPS, f"{name}.strategy", self.strategy, f"allowed {list(RAMPS)}")
         for key in ("start_rps", "end_rps"):
@@ -264,16 +314,15 @@ class Ramp:
         )
 
 
-@dataclass
-class RateSweep:
+class RateSweep(_Section):
     """GuideLLM's sweep: the all-at-once rate cell (`.inf`, capped by max_concurrency when set)
     measures the most requests/s the server completes; `points` rates evenly below it (k/(points+1)
     of it, k = 1 … points) follow, each a rate cell compared A/B. The first valid probe run in
     schedule order decides the rates, once; the run's manifest records them (resume reads them)."""
 
-    points: int = 0  # 0: no sweep
+    points: Int = 0  # 0: no sweep
 
-    def __post_init__(self) -> None:
+    def check_ranges(self) -> None:
         _require(
             0 <= self.points <= MAX_SWEEP_POINTS,
             "plan.rate.sweep.points",
@@ -282,33 +331,32 @@ class RateSweep:
         )
 
 
-@dataclass
-class RatePlan:
+class RatePlan(_Section):
     """Open loop (vllm bench serve --request-rate): n requests per cell sent at seeded arrival times,
     whatever the server's state; one cell per rate and arrival process, the sweep up to saturation."""
 
-    rates: list[float] = field(default_factory=list)  # requests/s; .inf = every request at t = 0
-    arrivals: list[str] = field(default_factory=lambda: ["poisson"])
+    rates: list[Rate] = Field(default_factory=list)  # requests/s; .inf = every request at t = 0
+    arrivals: list[Str] = Field(default_factory=lambda: ["poisson"])
     isl: Length = 1024
     osl: Length = 128
-    n: int = 100
-    warmup: int = 1
-    max_concurrency: int | None = None  # a cap on requests in flight (vllm bench --max-concurrency)
-    seed: int = 0
-    workload: str = DEFAULT_WORKLOAD
+    n: Int = 100
+    warmup: Int = 1
+    max_concurrency: Int | None = None  # a cap on requests in flight (vllm bench --max-concurrency)
+    seed: Int = 0
+    workload: Str = DEFAULT_WORKLOAD
     # arrival gamma: one cell per factor (vllm bench serve --burstiness; 1 = its Poisson process)
-    burstiness: list[float] = field(default_factory=lambda: [1.0])
-    ramps: list[Ramp] = field(default_factory=list)  # one ramp cell each (per arrival)
+    burstiness: list[Rate] = Field(default_factory=lambda: [1.0])
+    ramps: list[Ramp] = Field(default_factory=list)  # one ramp cell each (per arrival)
     # duration-bounded cells next to the count-bounded ones: each finite rate and ramp, per duration
-    durations_s: list[float] = field(default_factory=list)
-    sweep: RateSweep = field(default_factory=RateSweep)
+    durations_s: list[Float] = Field(default_factory=list)
+    sweep: RateSweep = Field(default_factory=RateSweep)
 
     @property
     def active(self) -> bool:
         """The plan makes rate cells (fixed rates, ramps or a sweep)."""
         return bool(self.rates or self.ramps or self.sweep.points)
 
-    def __post_init__(self) -> None:
+    def check_ranges(self) -> None:
         _workload("plan.rate.workload", self.workload)
         for r in self.rates:
             _require(
@@ -368,19 +416,18 @@ class RatePlan:
                 )
 
 
-@dataclass
-class ChatPlan:
+class ChatPlan(_Section):
     """Chat-template prompts through /v1/chat/completions. V4.1's template turns thinking on when
     the request leaves it unset, so a chat cell must pin it: `thinking: false` or `true`."""
 
-    isl: int = 1024
-    osl: int = 128
-    concurrencies: list[int] = field(default_factory=list)
-    n: int = 8
-    thinking: bool | None = None
-    workload: str = DEFAULT_WORKLOAD
+    isl: Int = 1024
+    osl: Int = 128
+    concurrencies: list[Int] = Field(default_factory=list)
+    n: Int = 8
+    thinking: Bool | None = None
+    workload: Str = DEFAULT_WORKLOAD
 
-    def __post_init__(self) -> None:
+    def check_ranges(self) -> None:
         _workload("plan.chat.workload", self.workload)
         for name in ("isl", "osl", "n"):
             _require(getattr(self, name) >= 1, f"plan.chat.{name}", getattr(self, name), "must be >= 1")
@@ -393,30 +440,29 @@ class ChatPlan:
         )
 
 
-@dataclass
-class Plan:
-    prefill: PrefillPlan = field(default_factory=PrefillPlan)
-    ttft_isls: list[int] = field(default_factory=list)
-    ttft_n: int = 30
-    ttft_workload: str = DEFAULT_WORKLOAD
-    decode: DecodePlan = field(default_factory=DecodePlan)
+class Plan(_Section):
+    prefill: PrefillPlan = Field(default_factory=PrefillPlan)
+    ttft_isls: list[Int] = Field(default_factory=list)
+    ttft_n: Int = 30
+    ttft_workload: Str = DEFAULT_WORKLOAD
+    decode: DecodePlan = Field(default_factory=DecodePlan)
     # long generation (the seed's third workload): decode cells with a long output, same rules
-    long_decode: DecodePlan = field(default_factory=DecodePlan)
-    nll: list[dict[str, int]] = field(default_factory=list)  # [{isl, docs}]
-    nll_workload: str = DEFAULT_WORKLOAD
-    greedy: GreedyPlan = field(default_factory=GreedyPlan)
-    rate: RatePlan = field(default_factory=RatePlan)
+    long_decode: DecodePlan = Field(default_factory=DecodePlan)
+    nll: list[dict[Str, Int]] = Field(default_factory=list)  # [{isl, docs}]
+    nll_workload: Str = DEFAULT_WORKLOAD
+    greedy: GreedyPlan = Field(default_factory=GreedyPlan)
+    rate: RatePlan = Field(default_factory=RatePlan)
     # [{prefix, isl, osl, n, c}]: n prompts of isl tokens whose first `prefix` tokens are shared
-    shared_prefix: list[dict[str, int]] = field(default_factory=list)
-    shared_prefix_workload: str = DEFAULT_WORKLOAD
-    chat: ChatPlan = field(default_factory=ChatPlan)
+    shared_prefix: list[dict[Str, Int]] = Field(default_factory=list)
+    shared_prefix_workload: Str = DEFAULT_WORKLOAD
+    chat: ChatPlan = Field(default_factory=ChatPlan)
     # latency percentiles every summary reports (p<q>_ttft_ms, …) and the A/B compares
-    percentiles: list[float] = field(default_factory=lambda: [50.0, 90.0, 99.0])
+    percentiles: list[Float] = Field(default_factory=lambda: [50.0, 90.0, 99.0])
     # goodput: a request counts when it meets every SLO set here (ms); reported per run and compared
-    slo: dict[str, float] = field(default_factory=dict)
-    order_seed: int = 20261129
+    slo: dict[Str, Float] = Field(default_factory=dict)
+    order_seed: Int = 20261129
 
-    def __post_init__(self) -> None:
+    def check_ranges(self) -> None:
         _workload("plan.ttft_workload", self.ttft_workload)
         _workload("plan.shared_prefix_workload", self.shared_prefix_workload)
         _specs("plan.shared_prefix", self.shared_prefix, ("prefix", "isl", "osl", "n", "c"), ())
@@ -440,21 +486,20 @@ class Plan:
         _specs("plan.nll", self.nll, ("isl", "docs"), ())
 
 
-@dataclass
-class AB:
-    repetitions: int = 2  # ABBA blocks; each block gives two (A, B) pairs
-    aa: bool = False  # both arms are the same build on purpose: nothing is marked better or worse
-    bootstrap_resamples: int = 10_000
-    seed: int = 0
-    deltas: dict[str, float] = field(default_factory=default_deltas)  # declared per metric (metric_table)
+class AB(_Section):
+    repetitions: Int = 2  # ABBA blocks; each block gives two (A, B) pairs
+    aa: Bool = False  # both arms are the same build on purpose: nothing is marked better or worse
+    bootstrap_resamples: Int = 10_000
+    seed: Int = 0
+    deltas: dict[Str, Float] = Field(default_factory=default_deltas)  # declared per metric (metric_table)
     # the numeric parity certificate's tolerances, declared before the run (docs/AB_METHOD.md):
     # nll_doc_abs = largest |NLL_B − NLL_A| per document (nats/token), nll_doc_z = largest
     # per-document |z| = |mean of NLL_B,t − NLL_A,t| / (its SD/√positions), greedy_match = least
     # share of prompts whose greedy tokens are identical; every declared one must hold; unset:
     # reported, not decided
-    numerics: dict[str, float] = field(default_factory=dict)
+    numerics: dict[Str, Float] = Field(default_factory=dict)
 
-    def __post_init__(self) -> None:
+    def check_ranges(self) -> None:
         _require(self.repetitions >= 1, "ab.repetitions", self.repetitions, "must be >= 1")
         _require(
             self.bootstrap_resamples >= 100,
@@ -482,19 +527,18 @@ class AB:
         )
 
 
-@dataclass
-class Validity:
+class Validity(_Section):
     # Host load: a number turns on the per-row rule (analysis/ab.py host_load_bound: could an arm-sided
     # client lag change this A/B verdict?), null turns it off; the value is what runs recorded before
     # issue 42 were judged with. The *_ms caps are absolute, invalidate a run, and are off by default.
-    loop_lag_share: float | None = 0.05
-    loop_lag_p99_ms: float | None = None
-    loop_lag_max_ms: float | None = None
-    first_request_factor: float = 3.0
-    inflight_fraction: float = 0.95
-    reset_prefix_cache: bool = False
+    loop_lag_share: Float | None = 0.05
+    loop_lag_p99_ms: Float | None = None
+    loop_lag_max_ms: Float | None = None
+    first_request_factor: Float = 3.0
+    inflight_fraction: Float = 0.95
+    reset_prefix_cache: Bool = False
 
-    def __post_init__(self) -> None:
+    def check_ranges(self) -> None:
         for name in ("loop_lag_share", "loop_lag_p99_ms", "loop_lag_max_ms"):
             value = getattr(self, name)
             if value is not None:
@@ -509,30 +553,29 @@ class Validity:
         )
 
 
-@dataclass
-class Profile:
-    name: str
-    description: str = ""
-    model: str | None = None  # None: build the tiny local model
+class Profile(_Section):
+    name: Str
+    description: Str = ""
+    model: Str | None = None  # None: build the tiny local model
     # config.json model_type values this profile serves; empty: any (preflight checks it)
-    model_types: list[str] = field(default_factory=list)
-    served_model_name: str | None = None
-    labels: dict[str, str] = field(default_factory=lambda: {"A": "baseline", "B": "deepinfer"})
-    topology: Topology = field(default_factory=Topology)
-    server: Server = field(default_factory=Server)
-    max_model_len: int = 4096
-    dtype: str | None = None
-    kv_cache_dtype: str | None = None
-    speculative: dict[str, Any] | None = None
-    serve_flags: list[str] = field(default_factory=list)
-    env: dict[str, str] = field(default_factory=dict)
-    plan: Plan = field(default_factory=Plan)
-    ab: AB = field(default_factory=AB)
-    validity: Validity = field(default_factory=Validity)
-    read_timeout_s: float = 3600.0
-    corpus_file: str | None = None  # ShareGPT JSON/JSONL for workload sharegpt (--corpus FILE)
+    model_types: list[Str] = Field(default_factory=list)
+    served_model_name: Str | None = None
+    labels: dict[Str, Str] = Field(default_factory=lambda: {"A": "baseline", "B": "deepinfer"})
+    topology: Topology = Field(default_factory=Topology)
+    server: Server = Field(default_factory=Server)
+    max_model_len: Int = 4096
+    dtype: Str | None = None
+    kv_cache_dtype: Str | None = None
+    speculative: dict[Str, Any] | None = None
+    serve_flags: list[Str] = Field(default_factory=list)
+    env: dict[Str, Str] = Field(default_factory=dict)
+    plan: Plan = Field(default_factory=Plan)
+    ab: AB = Field(default_factory=AB)
+    validity: Validity = Field(default_factory=Validity)
+    read_timeout_s: Float = 3600.0
+    corpus_file: Str | None = None  # ShareGPT JSON/JSONL for workload sharegpt (--corpus FILE)
 
-    def __post_init__(self) -> None:
+    def check_ranges(self) -> None:
         _require(self.max_model_len >= 1, "max_model_len", self.max_model_len, "must be >= 1")
         _require(self.read_timeout_s > 0, "read_timeout_s", self.read_timeout_s, "must be > 0")
         bad_labels = set(self.labels) - set(VARIANTS)
@@ -596,9 +639,23 @@ def _no_replication(topo: Topology) -> str:
     )
 
 
+_M = typing.TypeVar("_M", bound=BaseModel)
+
+
+def _unwrap(hint: Any) -> Any:
+    while typing.get_origin(hint) is Annotated:
+        hint = typing.get_args(hint)[0]
+    return hint
+
+
+def _is_union(hint: Any) -> bool:
+    return typing.get_origin(hint) in (types.UnionType, typing.Union)
+
+
 def _type_name(hint: Any) -> str:
+    hint = _unwrap(hint)
     origin = typing.get_origin(hint)
-    if origin in (types.UnionType, typing.Union):
+    if _is_union(hint):
         return " or ".join(_type_name(a) for a in typing.get_args(hint))
     if origin is list:
         return f"a list of {_type_name(typing.get_args(hint)[0])}"
@@ -610,67 +667,88 @@ def _type_name(hint: Any) -> str:
     )
 
 
-def _coerce(hint: Any, value: Any, where: str) -> Any:
-    """Check `value` against the field's type hint; the schema is the dataclasses themselves."""
-    origin = typing.get_origin(hint)
-    if hint is Any:
-        return value
-    if dataclasses.is_dataclass(hint):
-        return _build(hint, value, where)
-    if origin in (types.UnionType, typing.Union):
-        args = typing.get_args(hint)
-        if value is None and type(None) in args:
-            return None
-        for arg in args:
-            if arg is type(None):
-                continue
-            try:
-                return _coerce(arg, value, where)
-            except ConfigError:
-                continue
-        raise ConfigError(f"{where} = {value!r}: expected {_type_name(hint)}")
-    if origin is list:
-        if not isinstance(value, list):
-            raise ConfigError(f"{where} = {value!r}: expected {_type_name(hint)}")
-        (item,) = typing.get_args(hint)
-        return [_coerce(item, v, f"{where}[{i}]") for i, v in enumerate(value)]
-    if origin is dict:
-        if not isinstance(value, dict):
-            raise ConfigError(f"{where} = {value!r}: expected {_type_name(hint)}")
-        kh, vh = typing.get_args(hint)
-        return {_coerce(kh, k, f"{where} key"): _coerce(vh, v, f"{where}.{k}") for k, v in value.items()}
-    if hint is bool:
-        ok = isinstance(value, bool)
-    elif hint is int:
-        ok = isinstance(value, int) and not isinstance(value, bool)
-    elif hint is float:
-        ok = isinstance(value, int | float) and not isinstance(value, bool)
-        value = float(value) if ok else value
-        if ok and not math.isfinite(value) and not where.startswith(INF_ALLOWED):
-            raise ConfigError(f"{where} = {value!r}: must be finite")
-    elif hint is str:
-        ok = isinstance(value, str | int | float) and not isinstance(value, bool)  # env: "1" or 1
-        value = str(value) if ok else value
-    else:
-        ok = isinstance(value, hint)
-    if not ok:
-        raise ConfigError(f"{where} = {value!r}: expected {_type_name(hint)}")
-    return value
+def _locate(cls: type[BaseModel], loc: tuple[Any, ...]) -> tuple[tuple[Any, ...], Any]:
+    """The deepest prefix of a pydantic error location that names a schema field, and its type.
+
+    A union (`int | {mean, …}`, `list[int] | None`) is one field: an error inside any member is
+    reported at the union, with the union's own type name, as the schema reads."""
+    hint: Any = cls
+    depth = 0
+    for part in loc:
+        hint = _unwrap(hint)
+        origin = typing.get_origin(hint)
+        if _is_union(hint):
+            break
+        if isinstance(hint, type) and issubclass(hint, BaseModel) and part in hint.model_fields:
+            hint = hint.model_fields[part].annotation
+        elif origin is list and isinstance(part, int):
+            hint = typing.get_args(hint)[0]
+        elif origin is dict and isinstance(part, str):
+            hint = typing.get_args(hint)[1]
+        else:
+            break
+        depth += 1
+    return loc[:depth], _unwrap(hint)
 
 
-def _build(cls: type, data: Any, where: str) -> Any:
+def _dotted(where: str, loc: tuple[Any, ...]) -> str:
+    name = where
+    for part in loc:
+        name += f"[{part}]" if isinstance(part, int) else f".{part}"
+    return name.lstrip(".")
+
+
+def _raw(data: Any, loc: tuple[Any, ...], fallback: Any) -> Any:
+    """The value the user wrote at `loc` (before any coercion), for the message."""
+    for part in loc:
+        try:
+            data = data[part]
+        except (KeyError, IndexError, TypeError):
+            return fallback
+    return data
+
+
+def _message(cls: type[BaseModel], data: Any, exc: ValidationError, where: str) -> str:
+    """pydantic's first error as the schema's one line: `field = value: what is allowed`."""
+    errors = exc.errors()
+    # an unknown key first (a misspelt key also leaves its field missing), then schema order
+    first = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
+    error = (first.get("ctx") or {}).get("error")
+    loc = tuple(first["loc"])
+    if isinstance(error, _SectionError):  # a nested section, refused where it stands
+        return error.at(_dotted(where, loc))
+    if isinstance(error, ConfigError):  # a section's check_ranges
+        return str(error)
+    kind = first["type"]
+    if kind in ("extra_forbidden", "missing"):
+        parent = loc[:-1]
+        same = [e for e in errors if e["type"] == kind and tuple(e["loc"][:-1]) == parent]
+        keys = sorted(str(e["loc"][-1]) for e in same)
+        _, section = _locate(cls, parent)
+        section_name = _dotted(where, parent) or "profile"
+        if kind == "missing":
+            return f"{section_name}: missing required {keys}"
+        return f"{section_name}: unknown keys {keys}; allowed {list(section.model_fields)}"
+    at, hint = _locate(cls, loc)
+    name = _dotted(where, at)
+    value = _raw(data, at, first.get("input"))
+    if isinstance(hint, type) and issubclass(hint, BaseModel):
+        return f"{name or 'profile'}: expected a mapping for {hint.__name__}, got {value!r}"
+    if kind == "finite_number":
+        return f"{name} = {value!r}: must be finite"
+    return f"{name} = {value!r}: expected {_type_name(hint)}"
+
+
+def _build(cls: type[_M], data: Any, where: str) -> _M:
+    """`data` validated as `cls` (the section at dotted path `where`), or one ConfigError line."""
     if not isinstance(data, dict):
         raise ConfigError(f"{where or 'profile'}: expected a mapping for {cls.__name__}, got {data!r}")
-    hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
-    unknown = set(data) - set(names)
-    if unknown:
-        raise ConfigError(f"{where or 'profile'}: unknown keys {sorted(unknown)}; allowed {names}")
-    kwargs = {key: _coerce(hints[key], value, f"{where}.{key}".lstrip(".")) for key, value in data.items()}
     try:
-        return cls(**kwargs)
-    except TypeError as exc:  # a required field missing (e.g. name)
-        raise ConfigError(f"{where or 'profile'}: {exc}") from exc
+        return cls.model_validate(data)
+    except _SectionError as exc:
+        raise ConfigError(exc.at(where)) from None
+    except ValidationError as exc:
+        raise ConfigError(_message(cls, data, exc, where)) from None
 
 
 def _set_dotted(data: dict, dotted: str, value: Any) -> None:
@@ -731,7 +809,7 @@ def profile_path(name_or_path: str) -> Path:
 def load_profile(name_or_path: str, overrides: list[str] | None = None) -> Profile:
     """Load a profile; each override is `dotted.key=yaml_value` (e.g. `plan.decode.window_s=10`).
 
-    Every field is checked against the dataclasses' types and ranges before anything else runs;
+    Every field is checked against the models' types and ranges before anything else runs;
     a violation is one ConfigError line naming the field, its value and what is allowed."""
     path = profile_path(name_or_path)
     try:
@@ -782,7 +860,7 @@ def workload_settings(plan: Plan) -> dict[str, list[str]]:
 
 
 def profile_dict(profile: Profile) -> dict[str, Any]:
-    return dataclasses.asdict(profile)
+    return profile.model_dump()
 
 
 def parse_numerics(text: str) -> dict[str, float]:

@@ -4,9 +4,9 @@ own turns and lengths: chat cells send whole conversations, rate cells with a le
 each conversation's first user turn and its reply's length; every other cell fixes its prompt
 length, takes windows of the joined user turns and says so in one line."""
 
-import dataclasses
 import json
-import typing
+
+from pydantic import BaseModel
 
 from deepinfer_harness.cli import main
 from deepinfer_harness.config import Plan
@@ -51,12 +51,11 @@ def test_every_workload_field_of_the_plan_is_switched_by_corpus():
     from deepinfer_harness.config import WORKLOAD_FIELDS
 
     def workload_fields(cls, prefix):
-        hints = typing.get_type_hints(cls)
-        for f in dataclasses.fields(cls):
-            if dataclasses.is_dataclass(hints[f.name]):
-                yield from workload_fields(hints[f.name], f"{prefix}{f.name}.")
-            elif "workload" in f.name:
-                yield f"{prefix}{f.name}"
+        for name, info in cls.model_fields.items():
+            if isinstance(info.annotation, type) and issubclass(info.annotation, BaseModel):
+                yield from workload_fields(info.annotation, f"{prefix}{name}.")
+            elif "workload" in name:
+                yield f"{prefix}{name}"
 
     assert set(workload_fields(Plan, "plan.")) == set(WORKLOAD_FIELDS)
     assert {o.split("=")[0] for o in SHAREGPT_OVERRIDES} == set(WORKLOAD_FIELDS)
