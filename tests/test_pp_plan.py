@@ -1,7 +1,8 @@
 """Replication plan vs hand-computed needs and byte counts (docs/PIPELINE.md §2 works them out).
 
 Per-token wire rows: compressed-KV record 584 B, indexer-K record 132 B (128 e4m3 + fp32), top-k row
-512 × 4 = 2048 B, candidate row 2048 × 4 = 8192 B. Upstream's own IntermediateTensors per token:
+512 × 4 = 2048 B, candidate row 2048 × 4 = 8192 B, the step's token id 4 B (to a later stage holding
+Engram layer 1 or 14; tests/test_pp_engram.py). Upstream's own IntermediateTensors per token:
 hidden_states 4 × 5120 × 2 = 40960 B + pre_mix 4 × 4 = 16 B. Replica KV per context token (128-token
 blocks, pages rounded to 576 B): ratio 1 compressed 74880/128 = 585, ratio 2 37440/128 = 292.5;
 indexer K ratio 1 17280/128 = 135, ratio 2 8640/128 = 67.5.
@@ -36,10 +37,10 @@ def test_topology_reads() -> None:
 def test_14_14_12() -> None:
     plan = P.build_plan(TOPO, (14, 14, 12))
     s0, s1, s2 = plan.stages
-    assert (s0.needs, s1.needs) == ((), ())
+    assert s0.needs == () and keys(s1.needs) == {"pp_ids_0"}  # Engram layer 14 opens stage 1
     assert keys(s2.needs) == {"pp_ckv_20", "pp_ikv_20", "pp_cand_20"}
     assert keys(s1.sends) == keys(s2.receives) == keys(s2.needs)
-    assert plan.payload_bytes_per_token(0) == 0
+    assert plan.payload_bytes_per_token(0) == 4
     assert plan.payload_bytes_per_token(1) == 584 + 132 + 8192 == 8908
     assert plan.replica_kv_bytes_per_token(2) == 585 + 135 == 720
     assert TOPO.hidden_wire_bytes() == 40976
@@ -58,9 +59,9 @@ def test_13_14_13_default_split_ships_at_both_boundaries() -> None:
     assert P.default_partition(40, 3) == (13, 14, 13)
     plan = P.build_plan(TOPO, P.parse_partition(None, 40, 3, TOPO))
     _, s1, s2 = plan.stages
-    assert keys(s1.needs) == {"pp_ckv_8", "pp_topk_8"}  # layer 13 reads layer 8's ratio-2 cache and top-k
+    assert keys(s1.needs) == {"pp_ckv_8", "pp_topk_8", "pp_ids_0"}  # 13 reads 8's cache, top-k; 14: Engram
     assert keys(s2.needs) == {"pp_ckv_20", "pp_ikv_20", "pp_topk_24", "pp_cand_20"}  # 27 reads 24's top-k
-    assert plan.payload_bytes_per_token(0) == 584 + 2048 == 2632
+    assert plan.payload_bytes_per_token(0) == 584 + 2048 + 4 == 2636
     assert plan.payload_bytes_per_token(1) == 584 + 132 + 2048 + 8192 == 10956
     assert plan.replica_kv_bytes_per_token(1) == 292.5
     assert plan.replica_kv_bytes_per_token(2) == 720
@@ -69,14 +70,15 @@ def test_13_14_13_default_split_ships_at_both_boundaries() -> None:
 def test_8_12_20_is_replication_free() -> None:
     plan = P.build_plan(TOPO, (8, 12, 20))
     assert not plan.needs_replication
-    assert [plan.payload_bytes_per_token(r) for r in range(2)] == [0, 0]
+    assert keys(plan.stages[1].needs) == {"pp_ids_0"}  # Engram layer 14: the step's ids only, 4 B/token
+    assert [plan.payload_bytes_per_token(r) for r in range(2)] == [4, 0]
 
 
 def test_relay_through_a_middle_stage() -> None:
     """21..25 in the middle: layer 20's records reach stage 2 through stage 1 (which also keeps replicas)."""
     plan = P.build_plan(TOPO, (21, 5, 14))
     s1, s2 = plan.stages[1], plan.stages[2]
-    assert keys(s1.needs) == {"pp_ckv_20", "pp_ikv_20", "pp_topk_20", "pp_cand_20"}
+    assert keys(s1.needs) == {"pp_ckv_20", "pp_ikv_20", "pp_topk_20", "pp_cand_20"}  # 1 and 14 on stage 0
     assert {"pp_ckv_20", "pp_ikv_20", "pp_cand_20"} <= keys(s1.sends) & keys(s1.receives)  # relayed
     assert "pp_topk_24" in keys(s1.sends)  # produced on stage 1 for layers 26-27
     assert keys(s2.needs) == {"pp_ckv_20", "pp_ikv_20", "pp_topk_24", "pp_cand_20"}

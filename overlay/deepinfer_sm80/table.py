@@ -343,6 +343,32 @@ BINDINGS: tuple[Binding, ...] = (
         "layers only",
     ),
     Binding(
+        name="pp_engram_entry",
+        module="vllm.models.deepseek_v41.nvidia.model",
+        symbol="DeepseekV4DecoderLayer.forward",
+        base="deepinfer_sm80.integration.pp.engram_entry:wrap_decoder_forward",
+        optimized=None,
+        below=EVERY_CAPABILITY,
+        wrap=True,
+        why="an Engram layer that opens a non-first stage (layer 14 at 14,14,12) gets residual=None and "
+        "takes the branch with no Engram injection (model.py L494-530): silently wrong tokens. The received "
+        "stream is the post the single stage injects into; injected there, then upstream's layer. Its ids "
+        "come from pp_forward (pp_ids_0: model runner V2 gives later stages input_ids=None)",
+    ),
+    Binding(
+        name="pp_kv_layout",
+        module="vllm.v1.attention.backends.utils",
+        symbol="resolve_kv_cache_layout",
+        base="deepinfer_sm80.integration.pp.kv_layout:wrap_resolve_kv_cache_layout",
+        optimized=None,
+        below=EVERY_CAPABILITY,
+        wrap=True,
+        why="a stage with no indexer-K cache reports more KV-cache layouts than the others (the indexer "
+        "backend narrows to BLHNC, BLNHC, mla/indexer.py L347-351) and start-up asserts 'Workers disagree "
+        "on supported KV cache layouts' (utils.py L285): cuts 2,38 / 3,5,32 / 5x8. The workers' lists are "
+        "intersected as upstream intersects one worker's backends; equal lists pass as they came",
+    ),
+    Binding(
         name="pp_spec_cadence",
         module="vllm.v1.core.sched.scheduler",
         symbol="Scheduler._update_after_schedule",
@@ -350,7 +376,8 @@ BINDINGS: tuple[Binding, ...] = (
         optimized=None,
         below=EVERY_CAPABILITY,
         wrap=True,
-        why="DSpark with PP under the synchronous scheduler (--no-async-scheduling, Ray's executor) "
+        why="DSpark with PP under the synchronous scheduler (--no-async-scheduling, the legacy Ray executor; "
+        "0.32.0's default RayExecutorV2 and mp schedule asynchronously) "
         "schedules a request's next decode before the last stage relayed its sampled token and drafts; "
         "the first stage stops at model_runner.py L1403. The asynchronous scheduler's pp_size cadence, "
         "applied by "

@@ -9,8 +9,11 @@ never sets `next_decode_eligible_step`, so it schedules the request again before
 first stage's worker then meets a step whose scheduled tokens are fewer than its drafts + 1 and stops
 at `v1/worker/gpu/model_runner.py` L1403 (`assert (num_scheduled_tokens_np >= num_logits).all()`).
 That is the path of every synchronous deployment: `--no-async-scheduling`, and executors without async
-scheduling (Ray's: `v1/executor/abstract.py` L442, the multi-node TP8 x PP2 deployment) (vLLM #52071,
-open fix #52179).
+scheduling: the legacy Ray executor (`VLLM_USE_RAY_V2_EXECUTOR_BACKEND=0`; `RayDistributedExecutor`
+keeps `supports_async_scheduling() = False`, `v1/executor/abstract.py` L442) (vLLM #52071, open fix
+#52179). 0.32.0's default Ray executor, `RayExecutorV2` (`envs.py` L944-945), is a `MultiprocExecutor`
+and runs the asynchronous scheduler, as `mp` does: GPU deployments, the multi-node TP8 x PP2 one
+included, are asynchronous unless told otherwise, and this row then calls upstream alone.
 
 The fix is the asynchronous scheduler's own rule, applied by the synchronous one: after upstream's
 bookkeeping, a scheduled request past its prefill is next eligible `pp_size` steps later. Everywhere

@@ -17,12 +17,15 @@ pipeline replication is not about the architecture):
 * `DeepseekV4Model.make_empty_intermediate_tensors` (wrap): the receiver's preallocated buffers gain
   the payload keys (model runner V2 copies received tensors key by key into them).
 
-Gated to the partitions that need replication (issue 22): with PP = 1, a model without KV-sharing
-groups, or a partition whose stages read nothing from an earlier stage (20,20; 8,12,20), each wrapper
-calls upstream's function with the arguments it got and returns its result, and nothing is planned,
-logged or registered. So on SM90+ (where the architecture rows bind nothing) these rows act only where
-upstream refuses to build the model (NotImplementedError at attention.py L454/L597). A malformed
-partition is refused here first; upstream refuses it too (distributed/utils.py get_pp_indices).
+Gated to the partitions where something crosses (issues 22, 37): with PP = 1, a model without KV-sharing
+groups, or a partition whose stages read nothing from an earlier stage (20,20; 8,12,20: no replica, and
+both Engram layers 1 and 14 on the first stage), each wrapper calls upstream's function with the
+arguments it got and returns its result, and nothing is planned, logged or registered. Engram counts:
+a later stage holding an Engram layer (13,14,13; 14,14,12) receives the step's token ids (`pp_ids_0`),
+which model runner V2 gives the first stage only, and hands them to upstream's forward as input_ids.
+Upstream's SM90+ path drops those Engram layers the same way (row `pp_engram_entry` has the other half),
+so these rows act there too. A malformed partition is refused here first; upstream refuses it too
+(distributed/utils.py get_pp_indices).
 """
 
 from __future__ import annotations
@@ -66,12 +69,15 @@ class StageRuntime:
     def active(self) -> bool:
         return bool(self.stage.receives or self.stage.sends)
 
-    def state(self, model: Any, context: dict[str, Any], metadata: dict[str, Any]) -> payload.StageState:
+    def state(
+        self, model: Any, context: dict[str, Any], metadata: dict[str, Any], ids: torch.Tensor | None = None
+    ) -> payload.StageState:
         return payload.StageState(
             cache=lambda item: context[cache_prefix(self.prefix, item)].kv_cache,
             slots=lambda item: metadata[cache_prefix(self.prefix, item)].slot_mapping,
             topk=getattr(model, "topk_indices_buffer", None),
             cand=getattr(model, "candidate_block_buffer", None),
+            ids=ids,
         )
 
 
@@ -202,7 +208,7 @@ def wrap_make_layers(upstream: Callable[..., Any]) -> Callable[..., Any]:
         if size == 1 or not getattr(hf, "kv_source_layer_ids", None):
             return upstream(num_hidden_layers, layer_fn, prefix)
         plan = plan_from_env(Topology.from_config(hf), size)
-        if not plan.needs_replication:  # no stage reads an earlier one: upstream's code path as is
+        if not plan.crosses:  # no stage reads an earlier one's state or ids: upstream's code path as is
             return upstream(num_hidden_layers, layer_fn, prefix)
         stage = plan.stages[rank]
         LOG.info("DeepInfer-SM80 pipeline plan (%s=%s):\n%s", ENV_PARTITION, os.environ.get(ENV_PARTITION),
@@ -271,19 +277,23 @@ def wrap_forward(upstream: Callable[..., Any]) -> Callable[..., Any]:
 def _forward_replicating(upstream: Callable[..., Any], rt: StageRuntime, self: Any, input_ids: Any,
                          positions: torch.Tensor, intermediate_tensors: Any, inputs_embeds: Any = None,
                          lookback_token_ids: Any = None) -> Any:  # fmt: skip
-    args = (input_ids, positions, intermediate_tensors, inputs_embeds, lookback_token_ids)
     n = positions.shape[0]
     md = _step_metadata()
     context = self.layers[self.start_layer].attn._static_forward_context
     incoming = intermediate_tensors.tensors if intermediate_tensors is not None else None
+    if input_ids is None and incoming is not None:
+        # model runner V2 gives a later stage no input_ids (v1/worker/gpu/model_runner.py L1968-1971), and
+        # V4.1 hashes Engram n-grams only when they are given (model.py L938-941): the first stage ships them
+        input_ids = payload.received_ids(rt.plan, rt.rank, n, incoming)
     if md is not None and rt.stage.needs:
         payload.apply(rt.plan, rt.rank, n, rt.state(self, context, md), incoming or {})
+    args = (input_ids, positions, intermediate_tensors, inputs_embeds, lookback_token_ids)
     out = upstream(self, *args)
     if rt.stage.sends and hasattr(out, "tensors"):
         if md is None:  # profile run: right shapes, no cache to read
             extra = payload.empty_payload(rt.plan, rt.rank + 1, n, positions.device)
         else:
-            extra = payload.pack(rt.plan, rt.rank, n, rt.state(self, context, md), incoming)
+            extra = payload.pack(rt.plan, rt.rank, n, rt.state(self, context, md, input_ids), incoming)
         out.tensors.update(extra)
     return out
 

@@ -10,10 +10,12 @@ like upstream's `hidden_states` (padded tokens carry slot −1 and are skipped):
 | `pp_ikv_<L>` | uint8 [132] | layer L's indexer-K record written this step |
 | `pp_topk_<L>` | int32 [index_topk] | `topk_indices_buffer` row after layer L's indexer ran |
 | `pp_cand_<L>` | int32 [candidate_blocks] | `candidate_block_buffer` row after layer L ran |
+| `pp_ids_0` | int32 [1] | the step's token ids, given to the first stage only (an Engram layer hashes them) |
 
 A relayed entry (produced before the sending stage) is forwarded as received: same bytes.
 The receiver scatters `ckv`/`ikv` rows into its replica caches at its own slots for that cache (slot −1
-skipped) before its first layer runs, and copies `topk`/`cand` rows into its buffers.
+skipped) before its first layer runs, and copies `topk`/`cand` rows into its buffers; the engine wrapper
+hands `pp_ids_0` to upstream's forward as its input_ids (engine.py).
 """
 
 from __future__ import annotations
@@ -35,20 +37,22 @@ class StageState:
 
     cache(item): the cache tensor holding `item` on this stage (the producer's own cache on its stage,
     the replica elsewhere); slots(item): this step's slot mapping of that cache [T] (−1 = no write);
-    topk / cand: upstream's shared int32 buffers [max_tokens, W] (None where the model has none).
+    topk / cand: upstream's shared int32 buffers [max_tokens, W] (None where the model has none);
+    ids: the step's token ids [T] on the first stage (None elsewhere: received, never produced there).
     """
 
     cache: Callable[[Item], torch.Tensor]
     slots: Callable[[Item], torch.Tensor]
     topk: torch.Tensor | None = None
     cand: torch.Tensor | None = None
+    ids: torch.Tensor | None = None
 
 
 def row_layout(plan: Plan, item: Item) -> tuple[int, torch.dtype]:
     """(row width, dtype) of `item`'s payload rows."""
     if item.persistent:
         return sum(FORMATS[item.kind]), torch.uint8
-    return plan.topology.per_token_wire_bytes(item.kind) // 4, torch.int32
+    return plan.topology.per_token_wire_bytes(item.kind) // 4, torch.int32  # topk, cand, ids: int32 rows
 
 
 def empty_payload(
@@ -84,6 +88,10 @@ def pack(
             if incoming is None or item.key not in incoming:
                 raise KeyError(f"stage {rank} must relay {item.key} but did not receive it")
             out[item.key] = incoming[item.key][:num_tokens]
+        elif item.kind == "ids":
+            if state.ids is None:
+                raise ValueError(f"stage {rank} must send the step's token ids but was given none")
+            out[item.key] = state.ids[:num_tokens].to(torch.int32).reshape(num_tokens, 1)
         elif item.persistent:
             slots = state.slots(item)[:num_tokens]
             out[item.key] = gather_records(state.cache(item), slots, FORMATS[item.kind])
@@ -100,7 +108,22 @@ def apply(
         if item.key not in incoming:
             raise KeyError(f"stage {rank} needs {item.key}; the IntermediateTensors lack it")
         rows = incoming[item.key][:num_tokens]
+        if item.kind == "ids":  # the engine wrapper passes them as input_ids (received_ids)
+            continue
         if item.persistent:
             scatter_records(state.cache(item), state.slots(item)[:num_tokens], rows, FORMATS[item.kind])
         else:
             _buffer(state, item.kind)[:num_tokens].copy_(rows)
+
+
+def received_ids(
+    plan: Plan, rank: int, num_tokens: int, incoming: Mapping[str, torch.Tensor]
+) -> torch.Tensor | None:
+    """The step's token ids [T] int32 that stage `rank` received (a view: graph capture reads the buffer),
+    or None where the stage needs none."""
+    for item in plan.stages[rank].needs:
+        if item.kind == "ids":
+            if item.key not in incoming:
+                raise KeyError(f"stage {rank} needs {item.key}; the IntermediateTensors lack it")
+            return incoming[item.key][:num_tokens, 0]
+    return None

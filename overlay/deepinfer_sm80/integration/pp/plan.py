@@ -24,8 +24,11 @@ from deepinfer_sm80.integration.pp.topology import DEFAULT_BLOCK_TOKENS, Topolog
 
 ENV_PARTITION = "VLLM_PP_LAYER_PARTITION"
 ENV_REPLICATION = "DEEPINFER_SM80_PP_REPLICATION"  # "0": refuse splits that need replication
-KINDS = ("ckv", "ikv", "topk", "cand")
-PERSISTENT = frozenset({"ckv", "ikv"})  # replicated into a cache; the rest are per-step buffer rows
+KINDS = ("ckv", "ikv", "topk", "cand", "ids")
+PERSISTENT = frozenset({"ckv", "ikv"})  # replicated into a cache; the rest are per-step rows
+# Shared state of the KV-sharing groups (what DEEPINFER_SM80_PP_REPLICATION=0 refuses to ship); `ids`, the
+# step's token ids an Engram layer hashes, is an input of the step, not a replica: it always crosses.
+REPLICATED = frozenset({"ckv", "ikv", "topk", "cand"})
 
 
 class PartitionError(ValueError):
@@ -78,6 +81,12 @@ class Plan:
 
     @property
     def needs_replication(self) -> bool:
+        """A stage reads KV-sharing state produced on an earlier stage (caches or top-k/candidate rows)."""
+        return any(i.kind in REPLICATED for s in self.stages for i in s.needs)
+
+    @property
+    def crosses(self) -> bool:
+        """Anything beyond upstream's hidden states crosses a boundary (replication or Engram's ids)."""
         return any(s.needs for s in self.stages)
 
     def payload_bytes_per_token(self, rank: int) -> int:
@@ -126,6 +135,7 @@ class Plan:
         return {
             "partition": list(self.partition),
             "needs_replication": self.needs_replication,
+            "crosses": self.crosses,
             "block_tokens": self.block_tokens,
             "stages": stages,
             "notes": list(self.notes),
@@ -142,7 +152,7 @@ class Plan:
             if st["sends"]:
                 line += f"; sends {', '.join(st['sends'])} (+{st['payload_bytes_per_token_out']} B/token)"
             lines.append(line)
-        if not self.needs_replication:
+        if not self.crosses:
             lines.append("  no shared state crosses a stage boundary")
         return "\n".join(lines)
 
@@ -183,7 +193,8 @@ def parse_partition(
 
 
 def legal_cuts(topology: Topology) -> list[int]:
-    """Stage start layers that separate no reader from its producer (no replication needed)."""
+    """Stage start layers that separate no reader from its producer (no replication needed; Engram's ids
+    are a step input, not shared state, and cross any cut)."""
     t = topology
     cuts = []
     for c in range(1, t.num_layers):
@@ -234,7 +245,7 @@ def build_plan(
 
     needs: list[set[Item]] = [set() for _ in range(pp)]
     for layer in range(t.num_layers):
-        for kind, producer in t.reads(layer):
+        for kind, producer in t.reads(layer) + t.step_inputs(layer):
             if stage_of[producer] != stage_of[layer]:
                 needs[stage_of[layer]].add(Item(producer, kind))
 
@@ -251,8 +262,8 @@ def build_plan(
     if plan.needs_replication and not replication:
         raise PartitionError(
             f"{ENV_PARTITION}={','.join(map(str, partition))} splits a KV-sharing group "
-            f"({', '.join(i.key for s in stages for i in s.needs)} cross stages) and {ENV_REPLICATION}=0; "
-            + alternatives_text(t, t.num_layers, pp)
+            f"({', '.join(i.key for s in stages for i in s.needs if i.kind in REPLICATED)} cross stages) and "
+            f"{ENV_REPLICATION}=0; " + alternatives_text(t, t.num_layers, pp)
         )
     return plan
 

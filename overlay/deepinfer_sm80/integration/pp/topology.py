@@ -22,6 +22,7 @@ IKV_DATA_BYTES = 128  # indexer K: 128 e4m3 ...
 IKV_SCALE_BYTES = 4  # ... + one fp32 scale, planar
 IKV_RECORD_BYTES = IKV_DATA_BYTES + IKV_SCALE_BYTES
 INDEX_BUFFER_DTYPE_BYTES = 4  # topk_indices_buffer / candidate_block_buffer are int32
+TOKEN_ID_BYTES = 4  # model runner V2's input_ids are int32 (v1/worker/gpu/input_batch.py)
 HIDDEN_DTYPE_BYTES = 2  # bf16 residual streams in IntermediateTensors
 PRE_MIX_DTYPE_BYTES = 4  # fp32 pre-mix
 DEFAULT_BLOCK_TOKENS = 128  # compressed / indexer caches use 128-token blocks off SM90
@@ -41,6 +42,7 @@ class Topology:
     index_head_dim: int
     hidden_size: int
     hc_mult: int
+    engram_layers: tuple[int, ...] = ()  # layers that inject Engram rows; they hash the step's token ids
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any] | Any) -> Topology:
@@ -68,6 +70,7 @@ class Topology:
             index_head_dim=int(get("index_head_dim", 128)),
             hidden_size=int(get("hidden_size")),
             hc_mult=int(get("hc_mult", 1)),
+            engram_layers=tuple(sorted(int(x) for x in get("engram_layer_ids", ()) or ())),
         )
         topo._check()
         return topo
@@ -136,6 +139,12 @@ class Topology:
             out.append(("cand", self.candidate_source))
         return out
 
+    def step_inputs(self, layer: int) -> list[tuple[str, int]]:
+        """(kind, producer) pairs `layer` reads from the step's inputs rather than from another layer: an
+        Engram layer hashes the step's token ids (`ids`), which only the first stage is given (model
+        runner V2 passes input_ids=None to later stages); layer 0's stage holds them."""
+        return [("ids", 0)] if layer in self.engram_layers else []
+
     # ---------------------------------------------------------------- byte counts
     def per_token_wire_bytes(self, kind: str) -> int:
         """Bytes per token of one payload row of `kind` (fixed-shape rows, one per scheduled token)."""
@@ -144,6 +153,7 @@ class Topology:
             "ikv": IKV_RECORD_BYTES,
             "topk": self.index_topk * INDEX_BUFFER_DTYPE_BYTES,
             "cand": self.candidate_blocks * INDEX_BUFFER_DTYPE_BYTES,
+            "ids": TOKEN_ID_BYTES,
         }[kind]
 
     def hidden_wire_bytes(self) -> int:
@@ -202,4 +212,5 @@ def v41_flash_fields() -> dict[str, Any]:
         "index_head_dim": 128,
         "hidden_size": 5120,
         "hc_mult": 4,
+        "engram_layer_ids": [1, 14],
     }
