@@ -20,7 +20,7 @@ import sys
 from dataclasses import dataclass
 
 from deepinfer_harness.config import Profile, load_profile
-from deepinfer_harness.run.launch import HARNESS_FLAGS, serve_args, serve_env
+from deepinfer_harness.run.launch import HARNESS_FLAGS, docker_gpus, serve_args, serve_env
 
 MODEL = "/models/DeepSeek-V4.1-Flash"  # the checkpoint's directory on the host, mounted read-only
 IMAGE = "deepinfer-sm80:deepinfer"  # `make image`'s optimized image (patches 00 + 01)
@@ -72,11 +72,10 @@ def harness_only(args: list[str]) -> list[str]:
 
 def owner_serve_args(profile: Profile) -> list[str]:
     """`vllm serve` arguments: the harness's for arm B, less HARNESS_ONLY_FLAGS, on HOST:PORT, the model
-    positional as vLLM 0.32.0 asks (its parser turns the harness's `--model X` into the same `model_tag`)."""
+    positional as vLLM 0.32.0 asks (the harness's `serve_args` already puts it first)."""
     args = harness_only(serve_args(profile, MODEL, PORT))
     assert not set(HARNESS_FLAGS) - set(dict(HARNESS_ONLY_FLAGS)) - {"1", "20", "raw_logprobs"}
-    i = args.index("--model")
-    args = [args[i + 1], *args[:i], *args[i + 2 :]]
+    assert args[0] == MODEL, args
     return [HOST if a == profile.server.host and args[i - 1] == "--host" else a for i, a in enumerate(args)]
 
 
@@ -94,7 +93,17 @@ def commands(profile: Profile) -> list[tuple[str, list[str]]]:
     then `vllm serve` inside the head's."""
     env, args = owner_env(profile), owner_serve_args(profile)
     mount = ["-v", f"{MODEL}:{MODEL}:ro"]
-    docker = ["docker", "run", "-d", "--gpus", "all", "--ipc=host", "--network=host", "--shm-size", "16g"]
+    docker = [
+        "docker",
+        "run",
+        "-d",
+        "--gpus",
+        docker_gpus(profile),
+        "--ipc=host",
+        "--network=host",
+        "--shm-size",
+        "16g",
+    ]
     if not profile.topology.ray:
         return [("the node", [*docker, "--name", CONTAINER, *mount, *_env_flags(env),
                               "--entrypoint", "vllm", IMAGE, "serve", *args])]  # fmt: skip

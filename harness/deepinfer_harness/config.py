@@ -177,6 +177,8 @@ class Server(_Section):
     variant_env: dict[Str, dict[Str, Str]] = Field(default_factory=dict)
     pass_env: list[Str] = Field(default_factory=list)  # host variables the server may see (by name)
     docker_args: list[Str] = Field(default_factory=list)
+    # docker run --gpus: all, a count ("4"), or the device indices ([0, 1, 2, 3]) this server may use
+    gpus: Str | list[Int] = "all"
     health_timeout_s: Float = 1800.0
     nice: Int = 0  # >0: lower the server's CPU priority, its session autogroup included (Linux)
     # mode level: each arm serves vLLM patched to a DeepInfer level on CPU (issue 20): A base (00),
@@ -207,6 +209,7 @@ class Server(_Section):
             raise ConfigError("server.command / server.commands entries must not be empty")
         for v, port in self.ports.items():
             _require(1 <= port <= 65535, f"server.ports.{v}", port, "must be a TCP port 1..65535")
+        self._check_gpus()
         _require(self.health_timeout_s > 0, "server.health_timeout_s", self.health_timeout_s, "must be > 0")
         _require(0 <= self.nice <= 19, "server.nice", self.nice, "must be 0..19")
         bad = set(self.levels) - set(VARIANTS)
@@ -220,6 +223,16 @@ class Server(_Section):
                 self.levels,
                 "mode level needs A and B",
             )
+
+    def _check_gpus(self) -> None:
+        gpus = self.gpus
+        if isinstance(gpus, list):
+            _require(bool(gpus), "server.gpus", gpus, "needs at least one device index")
+            _require(all(g >= 0 for g in gpus), "server.gpus", gpus, "device indices are >= 0")
+            _require(len(set(gpus)) == len(gpus), "server.gpus", gpus, "must not repeat")
+        else:
+            ok = gpus == "all" or (gpus.isdigit() and int(gpus) >= 1)
+            _require(ok, "server.gpus", gpus, "allowed all, a count >= 1, or a list of device indices")
 
 
 class PrefillPlan(_Section):
@@ -627,6 +640,15 @@ class Profile(_Section):
                     f"decode C={max(decode_c)} > --max-num-seqs {max_seqs}: "
                     "requests would queue and the window would not hold C in flight"
                 )
+        gpus, topo = self.server.gpus, self.topology
+        if self.server.mode == "docker" and isinstance(gpus, list):
+            per_node = -(-topo.tp * topo.pp // topo.nodes)
+            _require(
+                len(gpus) >= per_node,
+                "server.gpus",
+                gpus,
+                f"TP{topo.tp} x PP{topo.pp} on {topo.nodes} node(s) needs {per_node} GPUs per node",
+            )
         if "--disable-log-stats" in self.serve_flags:
             raise ConfigError("--disable-log-stats removes the Prometheus counters the harness needs")
 

@@ -40,6 +40,12 @@ NETWORK_FLAGS = {"--port", "--host"}
 
 
 def normalize_args(args: list[str]) -> list[str]:
+    """Without where the server listens, the model positional (`--model X` and `X` serve the same:
+    a run recorded before the harness moved to `vllm serve MODEL` compares equal)."""
+    args = list(args)
+    if "--model" in args[:-1]:
+        at = args.index("--model")
+        args = [args[at + 1], *args[:at], *args[at + 2 :]]
     out, skip = [], False
     for arg in args:
         if skip:

@@ -82,7 +82,7 @@ def test_docker_command_line_is_exact():
         "docker run --rm --name deepinfer-bench-run1-b2 --gpus all --ipc=host --network=host "
         "-v /models/v41:/models/v41:ro -e VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 -e VLLM_PP_LAYER_PARTITION=20,20 "
         "-e VLLM_SERVER_DEV_MODE=1 --entrypoint vllm deepinfer-sm80:deepinfer "
-        "serve --model /models/v41 --host 127.0.0.1 --port 8000 "
+        "serve /models/v41 --host 127.0.0.1 --port 8000 "
         "--max-model-len 1048576 --tensor-parallel-size 4 --pipeline-parallel-size 2 "
         "--kv-cache-dtype fp8_ds_mla "
         '--speculative-config \'{"method": "dspark", "num_speculative_tokens": 5}\' '

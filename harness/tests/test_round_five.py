@@ -6,12 +6,15 @@ from __future__ import annotations
 import math
 import types
 import typing
+from pathlib import Path
 
 import pytest
 from pydantic import AllowInfNan, BaseModel
 
 from deepinfer_harness import config
 from deepinfer_harness.config import ConfigError, Profile, Validity, load_profile, profile_dict
+from deepinfer_harness.parity import normalize_args
+from deepinfer_harness.run.launch import build_launch
 
 
 def _sections(
@@ -110,3 +113,52 @@ def test_profile_dict_round_trips_through_the_schema(name):
     again = profile_dict(Profile.model_validate(stored))
     assert again == stored
     assert repr(again) == repr(stored)  # 1 vs 1.0 would differ here
+
+
+# --- vLLM's conventions ---------------------------------------------------------------------------
+
+
+def test_vllm_serve_takes_the_model_positional_and_a_module_entry_keeps_the_flag():
+    """`vllm serve MODEL` (vLLM 0.32.0 deprecates `--model`); `python -m vllm.entrypoints.openai.
+    api_server` never copies its positional into the model, so there it stays `--model`."""
+    docker = build_launch(load_profile("ga100x8-tp4pp2"), "B", "/models/v41", "run1", 2)
+    at = docker.argv.index("serve")
+    assert docker.argv[at + 1] == "/models/v41" and "--model" not in docker.argv
+    assert docker.serve_args[0] == "/models/v41"
+    cli = load_profile("smoke", ["server.command=['{python}', -m, vllm.entrypoints.cli.main, serve]"])
+    argv = build_launch(cli, "A", "/tiny", "r", 0).argv
+    assert argv[4] == "/tiny" and "--model" not in argv
+    module = build_launch(load_profile("smoke"), "A", "/tiny", "r", 0)  # smoke.yaml: the api_server module
+    assert module.argv[3:5] == ["--model", "/tiny"]
+
+
+def test_parity_reads_model_flag_and_positional_as_the_same_command():
+    assert normalize_args(["--model", "/m", "--port", "1", "--dtype", "x"]) == normalize_args(
+        ["/m", "--port", "2", "--dtype", "x"]
+    )
+    assert normalize_args(["/m", "--dtype", "x"]) != normalize_args(["/n", "--dtype", "x"])
+
+
+def test_docker_gpus_is_a_profile_field():
+    assert "--gpus all" in " ".join(build_launch(load_profile("ga100x8-tp4pp2"), "A", "/m", "r", 0).argv)
+    listed = load_profile("ga100x8-tp4pp2", ["server.gpus=[0, 1, 2, 3, 4, 5, 6, 7]"])
+    argv = build_launch(listed, "A", "/m", "r", 0).argv
+    assert argv[argv.index("--gpus") + 1] == '"device=0,1,2,3,4,5,6,7"'
+    counted = load_profile("ga100x8-tp4pp2", ["server.gpus=8"])
+    argv = build_launch(counted, "A", "/m", "r", 0).argv
+    assert argv[argv.index("--gpus") + 1] == "8"
+    for value, needle in [
+        ("[0, 1, 2, 3]", "server.gpus = [0, 1, 2, 3]: TP4 x PP2 on 1 node(s) needs 8 GPUs per node"),
+        ("[0, 0, 1, 2, 3, 4, 5, 6]", "server.gpus = [0, 0, 1, 2, 3, 4, 5, 6]: must not repeat"),
+        ("some", "server.gpus = 'some': allowed all, a count >= 1, or a list of device indices"),
+        ("0", "server.gpus = '0': allowed all, a count >= 1"),
+    ]:
+        with pytest.raises(ConfigError) as err:
+            load_profile("ga100x8-tp4pp2", [f"server.gpus={value}"])
+        assert needle in str(err.value), str(err.value)
+
+
+def test_numpy_and_pydantic_are_declared_dependencies():
+    text = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
+    deps = text.split("dependencies = [", 1)[1].split("]", 1)[0]
+    assert '"numpy>=' in deps and '"pydantic>=2' in deps

