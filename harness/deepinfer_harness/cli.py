@@ -224,7 +224,7 @@ def _bench_ab(
 ) -> int:
     from deepinfer_harness.analysis.charts import charts_for_run
     from deepinfer_harness.analysis.report import build_report, headline, stdout_summary
-    from deepinfer_harness.run.preflight import preflight
+    from deepinfer_harness.run.preflight import preflight, preflight_header
     from deepinfer_harness.run.progress import Progress
     from deepinfer_harness.run.sessions import (
         RunOptions,
@@ -253,10 +253,7 @@ def _bench_ab(
     notes = preflight(profile, model, run_id, layout.root, skip)  # every check, in a dry run too
     if args.dry_run:
         lines = dry_run_lines(profile, sessions, cells, model, run_id, layout.root)
-        checked = ", ".join(c for c in CHECKS if c not in skip)
-        lines.insert(
-            1, f"# preflight passed ({checked})" + (f"; skipped: {', '.join(sorted(skip))}" if skip else "")
-        )
+        lines.insert(1, preflight_header(profile, layout.root, skip))
         lines[2:2] = [f"# {n}" for n in [*stale_lines, *notes]] + ([build_note] if build_note else [])
         print("\n".join(lines))
         return EXIT_OK

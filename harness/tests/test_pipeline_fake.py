@@ -184,7 +184,7 @@ def test_dry_run_runs_every_check_and_prints_every_command(capsys, tmp_path, mon
     common = ["--results", str(tmp_path / "r"), "--dry-run", "--skip-check", "ports"]  # fixed ports
     assert main(["bench-ab", "--profile", "a100x8-tp8", "--model", model, *common]) == 0
     out = capsys.readouterr().out
-    assert "# preflight passed (output, model, command, docker, urls, host-memory, corpus)" in out
+    assert "# preflight passed (output, model, docker, host-memory, corpus); skipped: ports" in out
     assert out.count("docker run --rm") == 12 and "deepinfer-sm80:baseline" in out
     assert "deepinfer-sm80:deepinfer" in out and "--tensor-parallel-size 8" in out
     assert out.count("client: decode-i3k-o512-c16 ") == 12  # 3 ABBA blocks
@@ -192,7 +192,7 @@ def test_dry_run_runs_every_check_and_prints_every_command(capsys, tmp_path, mon
         out.count("client: decode-i3k-o512-c16-wcode ") == 12
         and out.count("client: decode-i1k-o8k-c8 ") == 12
     )
-    assert f"--entrypoint vllm deepinfer-sm80:baseline serve --model {model}" in out  # `vllm serve`
+    assert f"--entrypoint vllm deepinfer-sm80:baseline serve {model} " in out  # `vllm serve MODEL`
     assert "WARNING" not in out and "# A/B;" in out
     assert main(["bench-ab", "--profile", "a100x8-tp8", "--model", "/models/v41", *common]) == 2
     assert capsys.readouterr().err.strip() == "error: model path /models/v41 does not exist"

@@ -15,6 +15,7 @@ from deepinfer_harness import config
 from deepinfer_harness.config import ConfigError, Profile, Validity, load_profile, profile_dict
 from deepinfer_harness.parity import normalize_args
 from deepinfer_harness.run.launch import build_launch
+from deepinfer_harness.run.preflight import applicable_checks, preflight_header
 
 
 def _sections(
@@ -162,3 +163,20 @@ def test_numpy_and_pydantic_are_declared_dependencies():
     text = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
     deps = text.split("dependencies = [", 1)[1].split("]", 1)[0]
     assert '"numpy>=' in deps and '"pydantic>=2' in deps
+
+
+# --- the dry-run header ---------------------------------------------------------------------------
+
+
+def test_the_dry_run_header_names_only_the_checks_that_applied(tmp_path):
+    local = load_profile("smoke")
+    assert preflight_header(local, tmp_path, frozenset()) == (
+        "# preflight passed (output, model, command, ports, host-memory, corpus)"
+    )
+    assert preflight_header(local, tmp_path, frozenset({"model", "docker", "urls"})) == (
+        "# preflight passed (output, command, ports, host-memory, corpus); skipped: model"
+    )
+    url = load_profile("smoke", ["server.mode=url", "server.urls={A: 'http://h:1', B: 'http://h:2'}"])
+    assert preflight_header(url, tmp_path, frozenset()) == "# preflight passed (output, urls, corpus)"
+    docker = load_profile("ga100x8-tp4pp2")
+    assert applicable_checks(docker, None) == ["model", "ports", "docker", "host-memory", "corpus"]

@@ -374,6 +374,29 @@ def check_distinct(launches: dict[str, Launch], aa: bool) -> None:
     )
 
 
+def applicable_checks(profile: Profile, output: Path | None, skip: frozenset[str] = frozenset()) -> list[str]:
+    """The CHECKS that apply to this profile's server mode, in order, minus `skip`: a url run has
+    no model, command, ports or docker to check; a local one no docker; docker no command."""
+    mode = profile.server.mode
+    names = {"corpus"} | ({"output"} if output is not None else set())
+    if mode == "url":
+        names.add("urls")
+    else:
+        names |= {"model", "ports", "host-memory"}
+        names.add("docker" if mode == "docker" else "command")
+    return [c for c in CHECKS if c in names and c not in skip]
+
+
+def preflight_header(profile: Profile, output: Path | None, skip: frozenset[str]) -> str:
+    """The dry run's line saying which checks ran and which were left out by --skip-check (only
+    checks that apply to this mode are named)."""
+    ran = applicable_checks(profile, output, skip)
+    left_out = [c for c in applicable_checks(profile, output) if c in skip]
+    return f"# preflight passed ({', '.join(ran) or 'no check applied'})" + (
+        f"; skipped: {', '.join(sorted(left_out))}" if left_out else ""
+    )
+
+
 def preflight(
     profile: Profile,
     model: str,
@@ -387,28 +410,27 @@ def preflight(
     if unknown:
         raise ConfigError(f"--skip-check {sorted(unknown)}: unknown; allowed {list(CHECKS)}")
     notes: list[str] = []
-    if output is not None and "output" not in skip:
+    run = set(applicable_checks(profile, output, skip))
+    if "output" in run and output is not None:
         check_output(output)
     launches = {v: build_launch(profile, v, model, run_id, 0) for v in VARIANTS}
     check_distinct(launches, profile.ab.aa)
     mode = profile.server.mode
     labels: dict[str, dict[str, str]] = {}
-    if mode == "url":
-        if "urls" not in skip:
-            check_urls(profile)
-    else:
-        if "model" not in skip:
-            check_model(model, profile.model_types)
-        if mode in ("local", "level") and "command" not in skip:
-            check_local_command(profile)
-        if mode == "docker" and "docker" not in skip:
-            labels = check_docker(profile)
-        if "ports" not in skip:
-            check_ports(profile)
-        if "host-memory" not in skip and (note := check_host_memory(profile, model, launches["A"])):
-            notes.append(note)
+    if "urls" in run:
+        check_urls(profile)
+    if "model" in run:
+        check_model(model, profile.model_types)
+    if "command" in run:
+        check_local_command(profile)
+    if "docker" in run:
+        labels = check_docker(profile)
+    if "ports" in run:
+        check_ports(profile)
+    if "host-memory" in run and (note := check_host_memory(profile, model, launches["A"])):
+        notes.append(note)
     if not (mode == "docker" and "docker" in skip) and (note := check_partition_served(profile, labels)):
         notes.append(note)
-    if "corpus" not in skip:
+    if "corpus" in run:
         notes += check_corpus(profile)
     return notes
