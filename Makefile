@@ -55,6 +55,13 @@ E2E_ARGS ?=
 e2e-cpu: setup fetch-vllm tiny-model
 	$(PY) -m deepinfer_sm80.testing.e2e $(if $(EVIDENCE),--plan full --evidence) $(E2E_ARGS)
 
+# every PP2 and PP3 cut of the tiny checkpoint with DSpark at the DeepInfer level, beside the twins they are
+# held to (main, dspark): results/e2e-pp-cuts.json (~1 h on 2 cores; docs/E2E_CPU.md)
+.PHONY: e2e-pp-cuts
+e2e-pp-cuts: setup fetch-vllm tiny-model
+	$(PY) -m deepinfer_sm80.testing.e2e --cuts --engines 'main,dspark,cut_*' --levels optimized --engine-jobs 2 \
+		--out results/e2e-pp-cuts.json
+
 # the engine's full prompt logit rows against the oracle's: the NLL shift split into curvature, first
 # order and label terms, and the logit scale (~12 min here); EVIDENCE=1 writes results/e2e-nll-shift.json
 .PHONY: e2e-nll-shift

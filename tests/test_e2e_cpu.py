@@ -234,15 +234,19 @@ def test_a_prefix_case_asks_for_no_prompt_logprobs_and_is_judged_by_greedy_only(
 
 @pytest.mark.parametrize("kind", ["ci", "full"])
 def test_every_pp_cut_runs_with_and_without_dspark_at_both_levels(kind: str) -> None:
-    """Issue 29: the CI plan itself runs 4,2 / 3,3 / 3,1,2, each plain and with DSpark, at both levels,
-    held to the single-stage engines' tokens (and DSpark's drafter inputs), with the PP rows required."""
+    """Issues 29, 37: the CI plan itself runs 4,2 / 1,5 / 1,1,4 (a cut inside a sharing group, a stage
+    without an indexer-K cache, Engram layers opening stages), each plain and with DSpark, at both
+    levels, held to the single-stage engines' tokens (and DSpark's drafter inputs), with the PP rows
+    required; every one but SYNC_ENGINES on the GPU's asynchronous scheduler."""
     from deepinfer_sm80.testing.e2e import runner
 
     engines = {e.name: e for e in runner.plan(kind, engram=True)}
+    assert {p for p, _ in runner.PP_LAYOUTS.values()} >= {"1,5", "1,1,4"}
     for name, (partition, _) in runner.PP_LAYOUTS.items():
         for spec in (False, True):
             e = engines[f"{name}_dspark" if spec else name]
-            assert e.env == {"VLLM_PP_LAYER_PARTITION": partition}
+            scheduler = {} if e.name in runner.SYNC_ENGINES else runner.ASYNC
+            assert e.env == {"VLLM_PP_LAYER_PARTITION": partition} | scheduler
             assert e.engine["pipeline_parallel_size"] == partition.count(",") + 1
             assert e.levels == runner.LEVELS
             assert ("speculative_config" in e.engine) == spec
@@ -255,6 +259,10 @@ def test_every_pp_cut_runs_with_and_without_dspark_at_both_levels(kind: str) -> 
     served = engines["serve_pp3_dspark"]
     assert served.kind == "serve" and "--pipeline-parallel-size" in served.serve_flags
     assert ("tp2_pp2_dspark" in engines) == (kind == "full")
+    assert runner.SYNC_ENGINES <= set(engines) and engines["main"].env == {}  # sync kept where named
+    swept = {e.partition for e in engines.values() if e.name.startswith("cut_")}
+    every = set(runner.every_cut(6))
+    assert swept == (every - {p for p, _ in runner.PP_LAYOUTS.values()} if kind == "full" else set())
 
 
 def test_drafter_input_target_counts_every_difference() -> None:

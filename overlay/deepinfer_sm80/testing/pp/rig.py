@@ -22,7 +22,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from deepinfer_sm80.integration.pp.payload import FORMATS, StageState, apply, empty_payload, pack
+from deepinfer_sm80.integration.pp.payload import (
+    FORMATS,
+    StageState,
+    apply,
+    empty_payload,
+    pack,
+    received_ids,
+)
 from deepinfer_sm80.integration.pp.plan import Item, Plan
 from deepinfer_sm80.ops.kv_quant_insert import quantize_and_insert_ref
 from deepinfer_sm80.ops.pp_records import record_views, scatter_records_ref
@@ -86,6 +93,14 @@ class StepTokens:
     positions: torch.Tensor  # [T] int64, padded rows at the end
     reqs: list[str | None]
     tables: dict[str, list[int]]
+
+    @property
+    def ids(self) -> torch.Tensor:
+        """The step's token ids [T] int32 (the first stage's input_ids): a stable function of request and
+        position, distinct across both, 0 on padded rows."""
+        out = [0 if r is None else 1 + (p * 7919 + sum(map(ord, r)) * 104729) % 129_279
+               for p, r in zip(self.positions.tolist(), self.reqs, strict=True)]  # fmt: skip
+        return torch.tensor(out, dtype=torch.int32)
 
 
 def schedule(steps: tuple[Step, ...]) -> list[StepTokens]:
@@ -182,6 +197,7 @@ class StageRig:
         self.topk = torch.full((max_tokens, t.index_topk), -7, dtype=torch.int32, device=self.device)
         width = max(t.candidate_blocks, 1)
         self.cand = torch.full((max_tokens, width), -7, dtype=torch.int32, device=self.device)
+        self.received_ids: torch.Tensor | None = None  # this step's input ids as received (Engram's `ids`)
 
     def state(self, pool: str, tok: StepTokens) -> StageState:
         p = self.pools[pool]
@@ -192,6 +208,7 @@ class StageRig:
             slots=lambda item: slot_mapping(tok, ratio[item.producer], perm).to(self.device),
             topk=self.topk,
             cand=self.cand if self.plan.topology.candidate_blocks else None,
+            ids=tok.ids.to(self.device),
         )
 
     def produce(self, step: int, tok: StepTokens) -> None:
@@ -258,6 +275,7 @@ def stage_step(
             recv(rig.rank - 1, incoming)
         apply(rig.plan, rig.rank, n, rig.state(pool, tok), incoming)
         received[pool] = incoming
+        rig.received_ids = received_ids(rig.plan, rig.rank, n, incoming)
     expected = get_truth() if get_truth is not None else {}
     bad = check_step(rig, tok, expected, persistent=False) if expected else []
     rig.produce(step, tok)
@@ -283,6 +301,8 @@ def truth(rig: StageRig, tok: StepTokens) -> dict[str, torch.Tensor]:
             for name, pool in rig.pools.items():
                 ids = [rig.perm[b] for b in blocks] if name == "permuted" else blocks
                 out[f"{item.key}/{name}"] = pool.region(item, ids).clone()
+        elif item.kind == "ids":
+            out[item.key] = tok.ids[:n].clone()
         else:
             out[item.key] = (rig.topk if item.kind == "topk" else rig.cand)[:n].clone()
     return out
@@ -308,6 +328,10 @@ def check_step(
                     bad.append(
                         f"{item.key} ({name} ids): first differing byte [{idx[0]}, {idx[1]}]: {g} vs {w}"
                     )
+        elif item.kind == "ids":
+            got_ids = rig.received_ids
+            if got_ids is None or not torch.equal(got_ids.cpu(), expected[item.key]):
+                bad.append(f"{item.key}: the received token ids differ from the first stage's")
         else:
             buf = rig.topk if item.kind == "topk" else rig.cand
             if not torch.equal(buf[:n], expected[item.key].to(rig.device)):
