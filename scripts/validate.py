@@ -15,7 +15,8 @@ Steps, in order (docs/VALIDATE.md); each records pass / fail / skipped with its 
   GPU  8 serve-tp1        real engine serving the tiny checkpoint, harness smoke A/B (base vs deepinfer);
                           its greedy tokens are the reference of every later serve step
   GPU  9 serve-tp1-dspark, serve-tp2, serve-pp2 / -dspark (4,2), serve-pp2-clean / -dspark (3,3),
-         serve-pp3 / -dspark (3,1,2), serve-tp2-pp2-dspark (TP2 x PP2, 4,2): where the GPU count
+         serve-pp3 / -dspark (3,1,2), serve-tp2-pp2-dspark (TP2 x PP2, 4,2), serve-pp2-entry-dspark
+         (1,5), serve-pp3-entry-dspark (1,1,4): where the GPU count
          allows; greedy tokens identical to serve-tp1's, DSpark steps must draft
 
 Without a CUDA GPU it runs the CPU steps, stops at the first GPU step and says so (exit 3).
@@ -79,6 +80,10 @@ TINY_SERVE: tuple[Serve, ...] = (
     Serve("serve-pp3", 1, 3, "3,1,2"),
     Serve("serve-pp3-dspark", 1, 3, "3,1,2", DSPARK),
     Serve("serve-tp2-pp2-dspark", 2, 2, "4,2", DSPARK),
+    # issue 37: stage 0 holds only the sliding-window layer 0 (no indexer-K cache: row pp_kv_layout) and
+    # Engram layers 1 and 2 open stages (the step's ids cross; row pp_engram_entry)
+    Serve("serve-pp2-entry-dspark", 1, 2, "1,5", DSPARK),
+    Serve("serve-pp3-entry-dspark", 1, 3, "1,1,4", DSPARK),
 )
 
 
@@ -187,7 +192,8 @@ def step_plans(ctx: dict) -> dict:
             "payload_bytes_per_token": [p.payload_bytes_per_token(r) for r in range(len(part) - 1)],
             "replica_kv_bytes_per_token": [p.replica_kv_bytes_per_token(r) for r in range(len(part))],
         }
-    expect = {"14,14,12": [0, 8908], "20,20": [0], "13,14,13": [2632, 10956], "8,12,20": [0, 0]}
+    # + 4 B/token of token ids wherever a later stage holds Engram layer 14 (docs/BLOCKERS.md row 24)
+    expect = {"14,14,12": [4, 8908], "20,20": [0], "13,14,13": [2636, 10956], "8,12,20": [4, 0]}
     got = {k: v["payload_bytes_per_token"] for k, v in plans.items()}
     if got != expect:
         raise AssertionError(f"plan bytes {got} != hand-computed {expect}")

@@ -155,3 +155,29 @@ def test_bad_input_is_one_line_and_exit_2(argv, capsys) -> None:
     assert C.main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and err.count("\n") == 1
+
+
+def test_kv_tokens_are_arithmetic_beside_the_seed_never_a_met_target(results) -> None:
+    """Issue 37 item 8: our KV tokens rest on a modelled reserve, so no target marks them "met" against
+    the seed's measured start-ups; they stand beside the seed's figure in seed_comparison, labelled."""
+    doc = C.document(results)
+    assert all("KV tokens" not in t["name"] for t in doc["targets"])
+    rows = {r["deployment"]: r for r in doc["seed_comparison"]}
+    assert set(rows) == {"TP2xPP3 14,14,12", "TP4xPP2 20,20"}
+    for r in rows.values():
+        assert r["kind"].startswith("arithmetic") and "make validate" in r["the_real_number"]
+        assert set(r["ours_by_assumed_reserve_gib"]) == {f"{g:g}" for g in C.DEFAULT_RESERVES_GIB}
+    assert rows["TP2xPP3 14,14,12"]["seed_measured_tokens"] == 4_648_480
+
+
+def test_deployments_use_the_harness_profiles_flags() -> None:
+    """The arithmetic runs at the flags the owner serves with (harness profiles), not vLLM's defaults."""
+    from deepinfer_harness.config import load_profile
+
+    for name in ("ga100x6-tp2pp3", "ga100x8-tp4pp2"):
+        flags = load_profile(name).serve_flags
+        assert flags[flags.index("--max-num-batched-tokens") + 1] == str(C.PROFILE_BATCHED_TOKENS)
+        assert flags[flags.index("--max-num-seqs") + 1] == str(C.PROFILE_MAX_NUM_SEQS)
+    want = (C.PROFILE_BATCHED_TOKENS, C.PROFILE_MAX_NUM_SEQS)
+    for dep in C.default_deployments():
+        assert (dep.max_num_batched_tokens, dep.max_num_seqs) == want

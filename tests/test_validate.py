@@ -30,11 +30,13 @@ SERVE_PLAN: dict[str, tuple[int, int, str | None, dict | None]] = {
     "serve-pp3": (1, 3, "3,1,2", None),
     "serve-pp3-dspark": (1, 3, "3,1,2", DSPARK),
     "serve-tp2-pp2-dspark": (2, 2, "4,2", DSPARK),
+    "serve-pp2-entry-dspark": (1, 2, "1,5", DSPARK),
+    "serve-pp3-entry-dspark": (1, 3, "1,1,4", DSPARK),
 }
 RUNS_ON = {
     1: ["serve-tp1", "serve-tp1-dspark"],
     2: ["serve-tp1", "serve-tp1-dspark", "serve-tp2", "serve-pp2", "serve-pp2-dspark", "serve-pp2-clean",
-        "serve-pp2-clean-dspark"],
+        "serve-pp2-clean-dspark", "serve-pp2-entry-dspark"],
     3: [n for n in SERVE_PLAN if n != "serve-tp2-pp2-dspark"],
     4: list(SERVE_PLAN),
     8: list(SERVE_PLAN),

@@ -129,22 +129,31 @@ class Deployment:
         return self.num_speculative_tokens > 0
 
 
+# The batch-token and sequence budgets our harness profiles serve with (harness/profiles/ga100x6-tp2pp3.yaml,
+# ga100x8-tp4pp2.yaml: --max-num-batched-tokens 8192 --max-num-seqs 12; tests/test_pp_capacity.py checks
+# they agree): the profile run sizes its activations by the first, so the arithmetic uses the owner's flags.
+PROFILE_BATCHED_TOKENS = 8192
+PROFILE_MAX_NUM_SEQS = 12
+
+
 def default_deployments() -> list[Deployment]:
-    """The seed's two deployments and, for contrast, vLLM's own PP3 split on the first one's hardware."""
+    """The seed's two deployments and, for contrast, vLLM's own PP3 split on the first one's hardware, at
+    the flags of the harness profiles that serve them."""
     six = MemoryModel()
+    flags = {"max_num_batched_tokens": PROFILE_BATCHED_TOKENS, "max_num_seqs": PROFILE_MAX_NUM_SEQS}
     return [
         Deployment(
-            "TP2xPP3 14,14,12", (14, 14, 12), 2, six, seed_tokens=4_648_480,
+            "TP2xPP3 14,14,12", (14, 14, 12), 2, six, seed_tokens=4_648_480, **flags,
             seed_claim="TP2xPP3 14,14,12 + DSpark K=5 on 6 x 64 GB GA100, 1M max context: "
             "4,648,480 GPU-resident KV tokens",
         ),
         Deployment(
-            "TP4xPP2 20,20", (20, 20), 4, replace(six, gpu_memory_utilization=0.95), max_num_seqs=12,
+            "TP4xPP2 20,20", (20, 20), 4, replace(six, gpu_memory_utilization=0.95), **flags,
             seed_tokens=13_306_380,
             seed_claim="TP4xPP2 20,20 on 8 x 64 GB, --gpu-memory-utilization 0.95, max_num_seqs=12: "
             "13,306,380 GPU-resident KV tokens (12.69 x 1M)",
         ),
-        Deployment("TP2xPP3 13,14,13 (vLLM's default split)", default_partition(40, 3), 2, six),
+        Deployment("TP2xPP3 13,14,13 (vLLM's default split)", default_partition(40, 3), 2, six, **flags),
     ]  # fmt: skip
 
 
@@ -806,35 +815,54 @@ def seed_consistency(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def targets(
     results: list[dict[str, Any]], reserves: Sequence[float] = DEFAULT_RESERVES_GIB
 ) -> list[dict[str, Any]]:
-    """Ours against the seed's published KV tokens, to beat (vLLM's own arithmetic at the headline reserve
-    under the named memory assumptions, not a start-up on the cards); the seed's implied reserve stays
-    in the document (`seed`, `seed_consistency`) as the explanation of the difference, not as a goal."""
-    from deepinfer_sm80.testing.bench import at_least, at_most
+    """What this arithmetic can check: the weight inventory against the release's published checkpoint
+    size. KV tokens against the seed's start-ups are no target: ours come from a modelled reserve (the
+    profile run's activations, graphs, context and workspaces are assumed, not measured), so a "met" would
+    claim a measurement no card made; they stand side by side in `seed_comparison`."""
+    from deepinfer_sm80.testing.bench import at_most
 
-    del reserves  # the sweep is reported in the document; the goals are at the headline reserve
-    out = []
-    for r in results:
-        seed = r.get("seed")
-        if not seed or seed["ratio_ours_to_seed"] is None:
-            continue
-        out.append(
-            at_least(
-                f"{r['name']}: vLLM's KV tokens (get_kv_cache_configs arithmetic, "
-                f"{HEADLINE_RESERVE_GIB:g} GiB reserve) vs the seed's published",
-                seed["ours_at_headline_reserve"], seed["tokens"], "tokens",
-                f"the seed's N corresponds to a {seed['implied_reserve_gib']} GiB reserve on stage "
-                f"{seed['bounding_stage']} (ours {HEADLINE_RESERVE_GIB:g}); see seed.explanation",
-            ).as_dict()
-        )  # fmt: skip
+    del results, reserves
     rel = Release()
     modeled = checkpoint_bytes(rel)
-    out.append(
+    return [
         at_most(
             "weight inventory vs the release's checkpoint size (|published - modeled| / published)",
             abs(rel.checkpoint_total_bytes - modeled) / rel.checkpoint_total_bytes, 0.005, "fraction",
             "the inventory misses a weight class",
         ).as_dict()
-    )  # fmt: skip
+    ]  # fmt: skip
+
+
+def seed_comparison(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per seeded deployment: our arithmetic at the profile's flags, at each assumed reserve, beside the
+    seed's measured start-up figure, labelled as arithmetic. The real figure is vLLM's own start-up line
+    on the owner's node ("GPU KV cache size: N tokens"), which `make validate` prints."""
+    out = []
+    for r in results:
+        seed = r.get("seed")
+        if not seed:
+            continue
+        a = r["assumptions"]
+        out.append(
+            {
+                "deployment": r["name"],
+                "kind": "arithmetic: vLLM 0.32.0's get_kv_cache_configs on modelled memory, not a start-up",
+                "flags": {
+                    "max_num_batched_tokens": a["max_num_batched_tokens"],
+                    "max_num_seqs": a["max_num_seqs"],
+                    "gpu_memory_utilization": a["gpu_memory_utilization"],
+                },
+                "ours_by_assumed_reserve_gib": {
+                    f"{run['reserve_gib']:g}": run["kv_cache_size_tokens"] for run in r["runs"]
+                },
+                "seed_measured_tokens": seed["tokens"],
+                "seed_claim": seed["claim"],
+                "ratio_ours_to_seed_at_headline_reserve": seed["ratio_ours_to_seed"],
+                "reserve_that_would_reproduce_seed_gib": seed["implied_reserve_gib"],
+                "the_real_number": "vLLM's start-up log line 'GPU KV cache size' on the owner's node "
+                "(make validate prints it)",
+            }
+        )
     return out
 
 
@@ -872,6 +900,7 @@ def document(results: list[dict[str, Any]], command: str | None = None) -> dict[
         ],
         "deployments": results,
         "seed_consistency": seed_consistency(results),
+        "seed_comparison": seed_comparison(results),
         "targets": targets(results),
     }
 
