@@ -184,3 +184,25 @@ def test_stage_rows_require_each_row_on_the_stage_holding_its_layer() -> None:
     rows = {rank: set(r) for rank, _, r in stage_rows(tiny, "2,1,3", engram=True)}
     assert "engram_lookup" in rows[1] and "compress_insert" not in rows[1]  # layer 2 reads 1's cache
     assert "engram_lookup" not in rows[2] and "compress_insert" in rows[2]
+
+
+def test_a_stage_that_skips_its_engram_layer_fails_even_if_another_stage_looks_it_up() -> None:
+    """The failure the issue found: row counts merged over stages hid a stage that never looked Engram up."""
+    from deepinfer_sm80.testing.e2e.runner import pp_engine, stage_targets
+
+    tiny = Topology.from_config(
+        {
+            "num_hidden_layers": 6, "compress_ratios": [0, 2, 2, 1, 1, 1], "kv_source_layer_ids": [1, 3],
+            "index_source_layer_ids": [1, 3, 5], "candidate_source_layer_id": 3, "candidate_topk_blocks": 4,
+            "index_topk": 16, "hidden_size": 64, "engram_layer_ids": [1, 2],
+        }
+    )  # fmt: skip
+    engine = pp_engine("e", "2,4", True, [5, 6], [], "", ("optimized",))
+    every = {"pp_forward": 4, "sparse_mla_prefill": 1, "sparse_mla_decode": 3}
+    stage0 = every | {"compress_insert": 4, "indexer_k_store": 4, "engram_lookup": 8}  # layer 1
+    stage1 = every | {"compress_insert": 4, "indexer_k_store": 4}  # holds Engram layer 2, never looked up
+    out = {"stage_rows": {"0": stage0, "1": stage1}}
+    missed = [t["name"] for t in stage_targets("optimized", engine, out, tiny) if not t["met"]]
+    assert missed == ["e/optimized/stage1:layers2-5/row:engram_lookup"]
+    out["stage_rows"]["1"]["engram_lookup"] = 4
+    assert all(t["met"] for t in stage_targets("optimized", engine, out, tiny))

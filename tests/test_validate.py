@@ -68,7 +68,7 @@ def test_cpu_run_stops_at_first_gpu_step(tmp_path: Path) -> None:
     assert all(status[n] == "skipped" for n in ("gpu-tests", "sm80-report", *SERVE_PLAN))
     assert d["versions"]["torch"] and d["targets"] and {"name", "met"} <= set(d["targets"][0])
     plans = next(s for s in d["steps"] if s["name"] == "pipeline-plans")["plans"]
-    assert plans["14,14,12"]["payload_bytes_per_token"] == [0, 8908]
+    assert plans["14,14,12"]["payload_bytes_per_token"] == [4, 8908]  # + the ids (Engram 14 on stage 1)
 
 
 def test_dry_run_serving_commands(tmp_path: Path) -> None:

@@ -515,38 +515,24 @@ def _target(
     return t
 
 
+NEVER_CALLED = "the case never called this row: a bypass or a row not bound"
+
+
+def _row_target(name: str, calls: int, cause: str = NEVER_CALLED) -> dict[str, Any]:
+    """A row that must have been reached: at least one call."""
+    return _target(name, calls, 1, "calls", "min", calls > 0, cause)
+
+
 def coverage_targets(level: str, engine: Engine, out: dict[str, Any]) -> list[dict[str, Any]]:
     targets = []
     load = out.get("load_rows", {})
     for row in LOAD_ROWS:
-        n = load.get(row, 0)
-        targets.append(
-            _target(
-                f"{engine.name}/{level}/load/row:{row}",
-                n,
-                1,
-                "calls",
-                "min",
-                n > 0,
-                "the case never called this row: a bypass or a row not bound",
-            )
-        )
+        targets.append(_row_target(f"{engine.name}/{level}/load/row:{row}", load.get(row, 0)))
     by_name = {c["name"]: c for c in out.get("cases", [])}
     for case in engine.cases:
         got = by_name.get(case.name, {}).get("rows", {})
         for row in case.rows.get(level, []):
-            n = got.get(row, 0)
-            targets.append(
-                _target(
-                    f"{engine.name}/{level}/{case.name}/row:{row}",
-                    n,
-                    1,
-                    "calls",
-                    "min",
-                    n > 0,
-                    "the case never called this row: a bypass or a row not bound",
-                )
-            )
+            targets.append(_row_target(f"{engine.name}/{level}/{case.name}/row:{row}", got.get(row, 0)))
     return targets
 
 
@@ -702,19 +688,9 @@ def stage_targets(level: str, engine: Engine, out: dict[str, Any], topology: Any
     targets = []
     for rank, (lo, hi), rows in stage_rows(topology, engine.partition, bool(topology.engram_layers)):
         got = per_stage.get(str(rank), {})
-        for row in rows:
-            n = got.get(row, 0)
-            targets.append(
-                _target(
-                    f"{engine.name}/{level}/stage{rank}:layers{lo}-{hi}/row:{row}",
-                    n,
-                    1,
-                    "calls",
-                    "min",
-                    n > 0,
-                    f"stage {rank} (layers {lo}-{hi}) never called this row though it holds its layer",
-                )
-            )
+        cause = f"stage {rank} (layers {lo}-{hi}) never called this row though it holds its layer"
+        tag = f"{engine.name}/{level}/stage{rank}:layers{lo}-{hi}"
+        targets += [_row_target(f"{tag}/row:{row}", got.get(row, 0), cause) for row in rows]
     return targets
 
 
