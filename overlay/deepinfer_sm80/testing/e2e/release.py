@@ -45,6 +45,10 @@ from deepinfer_sm80.testing.e2e.runner import (
 RELEASE_K = 5
 RELEASE_DSPARK = {"method": "dspark", "num_speculative_tokens": RELEASE_K}
 RELEASE_DSPARK_KWARGS = {"speculative_config": RELEASE_DSPARK, "disable_log_stats": False}
+# vLLM's mp executor gives a step 300 s (VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS, envs.py); the 40-layer base
+# level's first step with DSpark took longer than that on the shared 2-core machine ("RPC call to
+# sample_tokens timed out"), so the pipeline engines here allow 30 minutes per step.
+STEP_TIMEOUT = {"VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "1800"}
 # The release's cuts: (engine name, partition, DSpark, levels, what it proves)
 RELEASE_CUTS: list[tuple[str, str, bool, tuple[str, ...], str]] = [
     ("release_pp3_14_14_12_dspark", "14,14,12", True, LEVELS,
@@ -110,6 +114,7 @@ def release_engines(short: list[int], every: list[str]) -> list[Engine]:
                 spec_of="release_main" if spec else None,
                 same_as=None if spec else "release_main",
                 aux_of="release_dspark" if spec else None,
+                env=e.env | STEP_TIMEOUT,
             )
         )
     return engines
