@@ -713,6 +713,29 @@ def parse_args(text: str) -> dict[str, str]:
     return args
 
 
+def duplicate_regions(root: Path) -> list[str]:
+    """Rendered tables (same kind, same arguments in any order) that appear in more than one document.
+
+    Each table has one home (issue 39): the topic doc owns a kernel family's tables, docs/RESULTS.md
+    keeps the headline slices and points at the rest. Inline spans (a count or a value quoted in a
+    sentence) may be cited wherever the sentence needs them. One line per duplicate: the region and
+    its documents.
+    """
+    homes: dict[tuple[str, frozenset[tuple[str, str]]], set[str]] = {}
+    for path in documents(root):
+        where = path.relative_to(root).as_posix()
+        for m in REGION.finditer(path.read_text()):
+            if "\n|" not in m.group("body"):
+                continue  # an inline span, not a table
+            key = (m.group("kind"), frozenset(parse_args(m.group("args")).items()))
+            homes.setdefault(key, set()).add(where)
+    return sorted(
+        f"report:{kind} {' '.join(f'{k}={v}' for k, v in sorted(args))}: {', '.join(sorted(docs))}"
+        for (kind, args), docs in homes.items()
+        if len(docs) > 1
+    )
+
+
 def render_document(text: str, res: Results, where: str) -> tuple[str, list[str]]:
     """The document with every region re-rendered, and the names of the regions that changed."""
     changed: list[str] = []

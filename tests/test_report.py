@@ -55,6 +55,25 @@ def test_a_hand_edited_number_in_a_region_fails(tree):
     assert proc.returncode == 1 and "docs/RESULTS.md: report:rows file=gpu/kv_gather-h200.json" in proc.stdout
 
 
+def test_each_rendered_region_has_one_home():
+    """Issue 39: five tables were rendered both in docs/RESULTS.md and in their topic doc."""
+    assert not report.duplicate_regions(ROOT), "rendered in two documents (keep one, point at it):\n" + (
+        "\n".join(report.duplicate_regions(ROOT))
+    )
+
+
+def test_a_region_rendered_in_two_documents_is_found(tree):
+    dspark = (tree / "docs" / "DSPARK.md").read_text()
+    m = next(m for m in report.REGION.finditer(dspark) if m.group("kind") == "targets")
+    # the same arguments in another order are the same table
+    marker = "<!-- report:targets " + " ".join(reversed(m.group("args").split())) + " -->"
+    readme = tree / "docs" / "RESULTS.md"
+    readme.write_text(readme.read_text() + f"\n{marker}{m.group('body')}<!-- /report:targets -->\n")
+    assert report.duplicate_regions(tree) == [
+        "report:targets file=gpu/dspark_draft-h200.json: docs/DSPARK.md, docs/RESULTS.md"
+    ]
+
+
 def _headline(tree, op: str) -> str:
     return next(ln for ln in (tree / "README.md").read_text().splitlines() if ln.startswith(f"| `{op}`"))
 
