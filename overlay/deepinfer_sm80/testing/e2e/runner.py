@@ -208,7 +208,8 @@ def plan(kind: str, engram: bool, num_layers: int = 6, cuts: bool = False) -> li
             4,
             {lv: [*every, "dspark_draft"] for lv in LEVELS},
             "the short case with DSpark drafting 3 tokens per step from the tiny MTP stages",
-        )
+        ),
+        concurrent_case({lv: [*every, "dspark_draft"] for lv in LEVELS}, " with DSpark"),
     ]
     engines.append(
         Engine(
@@ -424,26 +425,28 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
     proc.wait()
 
 
-def run_engine(level: str, engine: Engine, model: Path, work: Path, timeout: float) -> dict[str, Any]:
+def run_engine(
+    level: str, engine: Engine, model: Path, work: Path, timeout: float, reuse: bool = False
+) -> dict[str, Any]:
+    """Run one engine's cases in its own interpreter. `reuse`: an engine whose run directory already holds
+    the output of the same plan and environment is read back, not run again (a sweep resumed after a
+    change to the checks only); its output says so (`reused`)."""
     run_dir = work / "runs" / f"{engine.name}-{level}"
     cov_dir = run_dir / "coverage"
     run_dir.mkdir(parents=True, exist_ok=True)
-    for old in cov_dir.glob("*.json"):
-        old.unlink()
     env = os.environ | server_env(level, work) | {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"} | engine.env
     if engine.engine.get("pipeline_parallel_size", 1) > 1:
         env[coverage.ENV_DIR] = str(cov_dir)  # the stages run in worker processes: each dumps at exit
     plan_path, out_path, log_path = run_dir / "plan.json", run_dir / "out.json", run_dir / "engine.log"
+    plan_text = json.dumps({"model": str(model), "engine": engine.engine, "cases": worker_cases(engine)})
+    plan_text += json.dumps({"env": engine.env}) if engine.env else ""
+    if reuse and out_path.exists() and plan_path.exists() and plan_path.read_text() == plan_text:
+        wall = log_path.stat().st_mtime - plan_path.stat().st_mtime  # the run's own start and end
+        return _collect(out_path, log_path, cov_dir, env, wall) | {"reused": True}
+    for old in cov_dir.glob("*.json"):
+        old.unlink()
     out_path.unlink(missing_ok=True)
-    plan_path.write_text(
-        json.dumps(
-            {
-                "model": str(model),
-                "engine": engine.engine,
-                "cases": worker_cases(engine),
-            }
-        )
-    )
+    plan_path.write_text(plan_text)
     cmd = [sys.executable, "-m", "deepinfer_sm80.testing.e2e.worker", str(plan_path), str(out_path)]
     t0 = time.perf_counter()
     with log_path.open("w") as log:
@@ -462,6 +465,13 @@ def run_engine(level: str, engine: Engine, model: Path, work: Path, timeout: flo
     if rc != 0 or not out_path.exists():
         tail = [ln for ln in log_path.read_text(errors="replace").splitlines() if ln.strip()][-3:]
         return {"ok": False, "rc": rc, "wall_s": wall, "log": str(log_path), "error": " | ".join(tail)}
+    return _collect(out_path, log_path, cov_dir, env, wall)
+
+
+def _collect(
+    out_path: Path, log_path: Path, cov_dir: Path, env: dict[str, str], wall: float
+) -> dict[str, Any]:
+    """The worker's output, with the stage processes' row counts and drafter inputs merged in (PP)."""
     out = {"ok": True, "rc": 0, "wall_s": wall, "log": str(log_path)} | json.loads(out_path.read_text())
     if coverage.ENV_DIR in env:
         rows, bound, aux = coverage.merge_dir(cov_dir)
@@ -739,7 +749,11 @@ def engine_targets(
             )
     aux_twin = done.get(engine.aux_of or "", {}).get(level)
     if aux_twin and aux_twin.get("ok"):
-        targets.append(aux_target(tag, engine.aux_of or "", out.get("aux", []), aux_twin.get("aux", [])))
+        # the short case runs first in both engines: its drafter inputs are the first entries of each list.
+        # The concurrent case is held to its tokens only: its steps batch requests as each scheduler pleases
+        theirs = aux_twin.get("aux", [])
+        first = (aux_twin.get("cases") or [{}])[0].get("aux_count", len(theirs))
+        targets.append(aux_target(tag, engine.aux_of or "", out.get("aux", [])[:first], theirs[:first]))
     want_scheduler = "async" if engine.env.get(ASYNC_KEY) == "async" else "sync"
     if engine.kind == "offline":  # the served engines' config is not reachable from the client
         got = out.get("scheduler")
@@ -810,6 +824,9 @@ def main(argv: list[str] | None = None) -> int:
         "--engines", default="", help="only these engines of the plan (comma-separated names or patterns)"
     )
     ap.add_argument(
+        "--reuse", action="store_true", help="read back engines whose run dir holds the same plan's output"
+    )
+    ap.add_argument(
         "--cuts", action="store_true", help="add the every-cut sweep (cut_*: every PP2/PP3 cut + DSpark)"
     )
     args = ap.parse_args(argv)
@@ -865,7 +882,7 @@ def main(argv: list[str] | None = None) -> int:
                 name=engine.name, extra_env=engine.env,
             )  # fmt: skip
         else:
-            out = run_engine(level, engine, models[engine.name], args.work, args.engine_timeout)
+            out = run_engine(level, engine, models[engine.name], args.work, args.engine_timeout, args.reuse)
         status = f"{out['wall_s']:.0f} s" if out["ok"] else f"FAILED: {out['error']} (log {out['log']})"
         print(f"e2e-cpu: engine {engine.name} at {level}: {status}", flush=True)
         return out

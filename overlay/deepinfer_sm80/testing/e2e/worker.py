@@ -64,7 +64,7 @@ def run(plan: dict[str, Any]) -> dict[str, Any]:
             logprobs=case.get("logprobs", 2),
             prompt_logprobs=0 if case.get("prompt_logprobs", True) else None,
         )
-        before = coverage.snapshot()
+        before, aux_before = coverage.snapshot(), len(coverage.AUX)
         t, c = time.perf_counter(), _cpu()
         outs = llm.generate([{"prompt_token_ids": p} for p in case["prompts"]], params, use_tqdm=False)
         wall, cpu = time.perf_counter() - t, _cpu() - c
@@ -90,6 +90,7 @@ def run(plan: dict[str, Any]) -> dict[str, Any]:
                 "wall_s": wall,
                 "cpu_s": cpu,
                 "rows": coverage.since(before),
+                "aux_count": len(coverage.AUX) - aux_before,  # this process's drafter inputs (one stage)
             }
         )
     spec = _spec_stats(llm)
