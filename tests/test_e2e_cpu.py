@@ -295,3 +295,22 @@ def test_pp_groups_leave_the_spinning_shared_memory_channel() -> None:
         comm = Comm()
         comm.unique_name = name
         assert comm._all_group_ranks_share_shm_group_name() is shared
+
+
+def test_a_dspark_engine_must_have_its_drafts_accepted() -> None:
+    """Issue 37 item 6: drafting alone is not enough; accepted / drafted over the engine's cases must reach
+    MIN_ACCEPTANCE, so acceptance, rollback and bonus tokens run (a rejected-only run fails)."""
+    from deepinfer_sm80.testing.e2e import runner
+
+    engine = next(e for e in runner.plan("ci", engram=True) if e.name == "pp2_shared_dspark")
+
+    def judged(drafted: float, accepted: float) -> dict:
+        spec = {"vllm:spec_decode_num_draft_tokens": drafted}
+        spec["vllm:spec_decode_num_accepted_tokens"] = accepted
+        out = {"ok": True, "cases": [], "spec_decode": spec}
+        targets = runner.engine_targets("optimized", engine, out, None, {})
+        return next(t for t in targets if t["name"].endswith("/acceptance_rate"))
+
+    assert judged(24, 9)["met"] and judged(24, 9)["measured"] == 0.375
+    assert not judged(9, 0)["met"]  # every draft rejected
+    assert not judged(0, 0)["met"] and judged(0, 0)["measured"] is None  # nothing drafted

@@ -64,7 +64,7 @@ def run(plan: dict[str, Any]) -> dict[str, Any]:
             logprobs=case.get("logprobs", 2),
             prompt_logprobs=0 if case.get("prompt_logprobs", True) else None,
         )
-        before, aux_before = coverage.snapshot(), len(coverage.AUX)
+        before, aux_before, spec_before = coverage.snapshot(), len(coverage.AUX), _spec_stats(llm) or {}
         t, c = time.perf_counter(), _cpu()
         outs = llm.generate([{"prompt_token_ids": p} for p in case["prompts"]], params, use_tqdm=False)
         wall, cpu = time.perf_counter() - t, _cpu() - c
@@ -91,6 +91,7 @@ def run(plan: dict[str, Any]) -> dict[str, Any]:
                 "cpu_s": cpu,
                 "rows": coverage.since(before),
                 "aux_count": len(coverage.AUX) - aux_before,  # this process's drafter inputs (one stage)
+                "spec_decode": {k: v - spec_before.get(k, 0.0) for k, v in (_spec_stats(llm) or {}).items()},
             }
         )
     spec = _spec_stats(llm)
