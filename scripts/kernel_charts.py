@@ -12,7 +12,16 @@ log-log. A series is one implementation at one shape; its legend name says which
 base, upstream, torch, ...), its colour the shape (the role where a panel has one shape). Series timed
 at one size only are drawn as grouped bars beside every other series at that shape and size. Like
 shapes only: a shape with no DeepInfer series is left out and named in the chart's note; a chart with
-one implementation is not drawn (nothing to compare). At most MAX_SERIES series a panel.
+one implementation is not drawn (nothing to compare). At most MAX_SERIES series a panel. Every panel
+has a title naming its shapes (or its size, for bars).
+
+Two charts have their own layout (FIGURES, one pure function each: rows in, figure out):
+`sparse_mla_decode` is a panel per head count, colour = context, style = implementation; a context
+timed at fewer Tq than the others (128K: Tq 6, 24, 48, the bench's TQ_AT_128K) is drawn as its points
+alone and said so in the panel title and the note. `dspark_draft` is a 2 x 2 grid, timing mode (eager,
+graph) by sampler (greedy, gumbel); in each panel colour = path (DeepInfer per-step, DeepInfer one
+launch, upstream), style = what is timed (one draft position, all K positions). Their legends sit
+below the panels, off the data.
 
 `speedups`: per op and timing mode ("eager"/"graph" in a shape's name), ours over each reference at
 equal (shape, size): median bar from 1 (slower hangs below the line), whiskers at min and max.
@@ -34,6 +43,7 @@ import statistics
 import sys
 import textwrap
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
@@ -390,8 +400,13 @@ def op_figure(chart: str, rows: list[dict], label: str) -> plt.Figure | None:
     fig, axes = plt.subplots(1, n, figsize=(6.6 * n, 6.4), squeeze=False, layout="constrained")
     for ax, group in zip(axes[0], groups, strict=False):
         draw_lines(ax, chart, group, data)
+        shapes = sorted({s for _, s in group}, key=natural)
+        ax.set_title(f"{chart}, shape{'s' if len(shapes) > 1 else ''} {', '.join(shapes)}", fontsize=8)
     if at:
         draw_bars(axes[0][-1], chart, at, data)
+        unit = SIZE_UNIT.get(chart, "size")
+        sizes = ", ".join(f"{n:,}" for n in sorted({size for _, size in at}))
+        axes[0][-1].set_title(f"{chart}: timed at one size ({unit} {sizes})", fontsize=8)
     notes = [
         f"left out (no DeepInfer series at that shape: nothing like to compare): {'; '.join(data.left_out)}"
     ]
@@ -400,6 +415,231 @@ def op_figure(chart: str, rows: list[dict], label: str) -> plt.Figure | None:
         fontsize=8,
     )
     return fig
+
+
+SPARSE_DECODE_SHAPE = re.compile(r"^h(\d+)-ctx(\d+)k$")
+CONTEXT_COLOR = ("tab:blue", "tab:red", "tab:green", "tab:purple")
+
+
+def _fig_legend(fig: plt.Figure, handles: list[Line2D], ncols: int) -> None:
+    """One legend for the whole figure, below every panel (never over the data)."""
+    fig.legend(handles=handles, loc="outside lower center", ncols=ncols, fontsize=7, frameon=False)
+
+
+def sparse_mla_decode_figure(rows: list[dict], label: str) -> plt.Figure:
+    """Sparse MLA decode: one panel per head count, Tq on x; colour = context, style = implementation.
+
+    A context timed at fewer Tq than the panel's fullest one is drawn as its points only (no line
+    across Tq it never ran) and the title and note say which Tq it has: the run's data, nothing filled.
+    """
+    data = chart_data(rows)
+    by_heads: dict[int, dict[tuple[str, int], list[tuple[int, float]]]] = defaultdict(dict)
+    for (name, shape), xy in data.series.items():
+        m = SPARSE_DECODE_SHAPE.match(shape)
+        if m is None:
+            raise ValueError(f"sparse_mla_decode: shape {shape!r} is not h<heads>-ctx<K>k")
+        by_heads[int(m[1])][(name, int(m[2]))] = xy
+    contexts = sorted({ctx for series in by_heads.values() for _, ctx in series})
+    names = data.order({n for n, _ in data.series})
+    fig, axes = plt.subplots(
+        1, len(by_heads), figsize=(5.6 * len(by_heads), 6.4), squeeze=False, sharey=True, layout="constrained"
+    )
+    partial: dict[int, list[int]] = {}  # context -> the Tq it was timed at, where fewer than the fullest
+    for ax, heads in zip(axes[0], sorted(by_heads), strict=True):
+        series = by_heads[heads]
+        full = max(len(xy) for xy in series.values())
+        said = []
+        for ctx in contexts:
+            tqs = sorted({x for (_, c), xy in series.items() if c == ctx for x, _ in xy})
+            if not tqs:
+                continue
+            said.append(
+                f"{ctx}K: Tq {tqs[0]}–{tqs[-1]}"
+                if len(tqs) == full
+                else f"{ctx}K: Tq {', '.join(map(str, tqs))} only"
+            )
+            if len(tqs) < full:
+                partial[ctx] = tqs
+            for name in names:
+                xy = series.get((name, ctx))
+                if not xy:
+                    continue
+                line, marker, filled = _style(data.impls[name].role)
+                color = CONTEXT_COLOR[contexts.index(ctx) % len(CONTEXT_COLOR)]
+                ax.plot(
+                    *zip(*xy, strict=True),
+                    linestyle=line if len(xy) == full else "none",
+                    marker=marker,
+                    markersize=(4.5 if filled else 8) + (2 if len(xy) < full else 0),
+                    markerfacecolor=color if filled else "none",
+                    color=color,
+                    linewidth=1.4,
+                    label=f"{name} ctx{ctx}k",
+                )
+        ax.set_title(f"{heads} heads ({'; '.join(said)})", fontsize=8)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel(f"{SIZE_UNIT['sparse_mla_decode']}, log2")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0][0].set_ylabel("time per call, µs (median, log)")
+    handles = []
+    for name in names:
+        line, marker, filled = _style(data.impls[name].role)
+        face = "black" if filled else "none"
+        handles.append(
+            Line2D(
+                [],
+                [],
+                linestyle=line,
+                marker=marker,
+                color="black",
+                markerfacecolor=face,
+                markersize=4.5 if filled else 8,
+                label=name,
+            )
+        )
+    for i, ctx in enumerate(contexts):
+        words = f"context {ctx}K" + (
+            " (points only: no line across Tq it did not run)" if ctx in partial else ""
+        )
+        handles.append(Line2D([], [], color=CONTEXT_COLOR[i % len(CONTEXT_COLOR)], linewidth=3, label=words))
+    _fig_legend(fig, handles, ncols=2)
+    notes = [
+        f"{ctx}K context was timed at Tq {', '.join(map(str, tqs))} only: the bench runs every Tq at the "
+        f"shortest context and these at {ctx}K (its TQ_AT_128K, a device-budget choice); the JSON holds no "
+        "other point, none is drawn"
+        for ctx, tqs in sorted(partial.items())
+    ]
+    if partial:
+        notes.append(
+            "decode reads the same records a query whatever the context, so the contexts' points coincide"
+        )
+    fig.suptitle(
+        title(
+            "sparse_mla_decode: time per call against query rows Tq (median of one run, no CI)", label, notes
+        ),
+        fontsize=8,
+    )
+    return fig
+
+
+DSPARK_SHAPE = re.compile(
+    r"^(?P<scope>step|chain(?P<k>\d+))-(?P<sampler>\w+?)(?P<perstep>-perstep)?(?:-tp\d+)?-(?P<mode>eager|graph)$"
+)
+MODE_WORDS = {"eager": "eager (host launch cost included)", "graph": "in a CUDA graph (as vLLM runs it)"}
+
+
+def dspark_series(op: str, impl: str, shape: str) -> tuple[str, str, str]:
+    """(mode, sampler, the series' legend name) of one DSpark row; the legend name says what is timed
+    (one draft position, or all K of a chain) and by which path."""
+    m = DSPARK_SHAPE.match(shape)
+    if m is None:
+        raise ValueError(f"dspark_draft: shape {shape!r} is not step-<sampler>-tp<N>-<mode> or chain<K>-...")
+    if m["scope"] == "step":
+        what = "one draft position"
+        ours, theirs = "DeepInfer per-step kernel (default)", "upstream's sampler, the bias GEMM before it"
+    else:
+        what = f"all K = {m['k']} positions"
+        ours = "DeepInfer per-step path (default)" if m["perstep"] else "DeepInfer one-launch chain (opt-in)"
+        theirs = "upstream's _sample_sequential"
+    who = ours if impl == OURS else f"{theirs} ({impl_of(op, impl).short} vLLM 0.32.0)"
+    return m["mode"], m["sampler"], f"{what}: {who}"
+
+
+def dspark_draft_figure(rows: list[dict], label: str) -> plt.Figure:
+    """DSpark's draft step: a panel per timing mode (rows) and sampler (columns), batch on x.
+
+    Colour = path (DeepInfer per-step, DeepInfer one launch, upstream), line style + marker = what is
+    timed (one draft position, or all K positions of a chain); y shared along a timing mode."""
+    cells: dict[tuple[str, str], dict[str, list[tuple[int, float]]]] = defaultdict(lambda: defaultdict(list))
+    for r in rows:
+        mode, sampler, name = dspark_series(r["op"], r["impl"], r["shape"])
+        cells[(mode, sampler)][name].append((int(r["size"]), float(r["us"])))
+    modes = [m for m in ("eager", "graph") if any(k[0] == m for k in cells)]
+    samplers = sorted({k[1] for k in cells})
+    names = sorted({n for c in cells.values() for n in c}, key=lambda n: (not n.startswith("all"), n))
+
+    def style(name: str) -> tuple[str, object, str, bool]:
+        color = "tab:green" if "upstream" in name else "tab:purple" if "one-launch" in name else "tab:blue"
+        chain = name.startswith("all")
+        return color, "-" if chain else (0, (4, 2)), "o" if chain else "s", "upstream" not in name
+
+    fig, axes = plt.subplots(
+        len(modes),
+        len(samplers),
+        figsize=(6.0 * len(samplers), 4.0 * len(modes) + 1.6),
+        squeeze=False,
+        sharex=True,
+        sharey="row",
+        layout="constrained",
+    )
+    for i, mode in enumerate(modes):
+        for j, sampler in enumerate(samplers):
+            ax = axes[i][j]
+            for name in names:
+                xy = sorted(cells[(mode, sampler)].get(name, []))
+                if not xy:
+                    continue
+                color, line, marker, filled = style(name)
+                ax.plot(
+                    *zip(*xy, strict=True),
+                    linestyle=line,
+                    marker=marker,
+                    color=color,
+                    linewidth=1.4,
+                    markersize=5 if filled else 7,
+                    markerfacecolor=color if filled else "none",
+                    label=name,
+                )
+            ax.set_title(f"{sampler} sampler, {MODE_WORDS[mode]}", fontsize=8)
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.grid(True, which="both", alpha=0.3)
+            if i == len(modes) - 1:
+                ax.set_xlabel(f"{SIZE_UNIT['dspark_draft']}, log2")
+            if j == 0:
+                ax.set_ylabel("time per call, µs (median, log)")
+    handles = []
+    for name in names:
+        color, line, marker, filled = style(name)
+        handles.append(
+            Line2D(
+                [],
+                [],
+                linestyle=line,
+                marker=marker,
+                color=color,
+                markersize=5 if filled else 7,
+                markerfacecolor=color if filled else "none",
+                label=name,
+            )
+        )
+    _fig_legend(fig, handles, ncols=2)
+    notes = [
+        "colour = path (blue DeepInfer per-step, purple DeepInfer one launch, green upstream); "
+        "solid + circle = all K positions of a chain, dashed + square = one position; "
+        "upstream has one chain, the reference for both of ours"
+    ]
+    fig.suptitle(
+        title(
+            "dspark_draft: one draft step, time per call against batch (median of one run, no CI)",
+            label,
+            notes,
+        ),
+        fontsize=8,
+    )
+    return fig
+
+
+# charts with their own layout; every other op is drawn by op_figure
+FIGURES = {"sparse_mla_decode": sparse_mla_decode_figure, "dspark_draft": dspark_draft_figure}
+
+
+def chart_figure(chart: str, rows: list[dict], label: str) -> plt.Figure | None:
+    """The figure of one chart: its own function where FIGURES has one, else op_figure."""
+    if chart in FIGURES and len({impl_of(r["op"], r["impl"]).role for r in rows}) > 1:
+        return FIGURES[chart](rows, label)
+    return op_figure(chart, rows, label)
 
 
 def title(head: str, label: str, notes: list[str]) -> str:
@@ -558,6 +798,28 @@ def save(fig: plt.Figure, out: Path, stem: str) -> list[Path]:
     return written
 
 
+def figures(by_op: dict[str, list[dict]], runs: dict[str, Run]) -> Iterator[tuple[str, plt.Figure]]:
+    """Every chart's (file stem, figure), built from the rows alone (the caller saves and closes them)."""
+    labels = {op: run.label for op, run in runs.items()}
+    charts: dict[str, list[str]] = defaultdict(list)
+    for op in sorted(by_op):
+        charts[CHART_OF.get(op, op)].append(op)
+    for chart, ops in sorted(charts.items()):
+        rows = [r for op in ops for r in by_op[op]]
+        fig = chart_figure(chart, rows, "\n".join(sorted({labels[op] for op in ops})))
+        if fig is None:
+            print(
+                f"kernel_charts: {chart} not drawn: one implementation, nothing to compare", file=sys.stderr
+            )
+            continue
+        yield chart, fig
+    ws = workspace_figure(runs, by_op)
+    if ws is not None:
+        yield "indexer_workspace", ws
+    if by_op:
+        yield "speedups", speedup_figure(by_op, labels)
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 2:
         print("usage: kernel_charts.py RESULTS_GPU_DIR CHARTS_DIR", file=sys.stderr)
@@ -567,26 +829,10 @@ def main(argv: list[str]) -> int:
         print(f"kernel_charts: {results} is not a directory", file=sys.stderr)
         return 2
     by_op, runs = load_runs(results)
-    labels = {op: run.label for op, run in runs.items()}
     out.mkdir(parents=True, exist_ok=True)
-    charts: dict[str, list[str]] = defaultdict(list)
-    for op in sorted(by_op):
-        charts[CHART_OF.get(op, op)].append(op)
     written: list[Path] = []
-    for chart, ops in sorted(charts.items()):
-        rows = [r for op in ops for r in by_op[op]]
-        fig = op_figure(chart, rows, "\n".join(sorted({labels[op] for op in ops})))
-        if fig is None:
-            print(
-                f"kernel_charts: {chart} not drawn: one implementation, nothing to compare", file=sys.stderr
-            )
-            continue
-        written += save(fig, out, chart)
-    ws = workspace_figure(runs, by_op)
-    if ws is not None:
-        written += save(ws, out, "indexer_workspace")
-    if by_op:
-        written += save(speedup_figure(by_op, labels), out, "speedups")
+    for stem, fig in figures(by_op, runs):
+        written += save(fig, out, stem)
     for stale in sorted({*out.glob("*.png"), *out.glob("*.svg")} - set(written)):
         stale.unlink()  # a chart whose rows no JSON holds any more (this folder is the script's own)
         print(f"kernel_charts: removed {stale.name} (no rows behind it)")

@@ -149,3 +149,47 @@ def test_indexer_workspace_is_the_recorded_one_against_context():
     assert res["decode_1024K_r48"]["stream_workspace_mb"] in values
     assert "measured, not from a formula" in fig.get_suptitle()
     kc.plt.close(fig)
+
+
+# ----------------------------------------------------------------------------- issue 39: titled panels
+def test_every_panel_of_every_chart_has_a_title():
+    by_op, runs = kc.load_runs(RESULTS_GPU)
+    stems = []
+    for stem, fig in kc.figures(by_op, runs):
+        stems.append(stem)
+        untitled = [i for i, ax in enumerate(fig.axes) if not ax.get_title().strip()]
+        kc.plt.close(fig)
+        assert not untitled, f"{stem}: panels {untitled} have no title"
+    assert {"sparse_mla_decode", "dspark_draft", "speedups"} <= set(stems)
+
+
+def test_sparse_mla_decode_draws_128k_as_the_points_the_json_holds():
+    by_op, _ = kc.load_runs(RESULTS_GPU)
+    rows = by_op["sparse_mla_decode"]
+    timed = sorted({r["size"] for r in rows if r["shape"].endswith("ctx128k")})
+    fig = kc.chart_figure("sparse_mla_decode", rows, "label")
+    assert len(fig.axes) == 3  # 8, 16 and 32 heads
+    for ax in fig.axes:
+        heads = ax.get_title().split()[0]
+        assert ax.get_title().startswith(f"{heads} heads (16K: Tq 1–48; 128K: Tq 6, 24, 48 only)")
+        long = [ln for ln in ax.get_lines() if ln.get_label().endswith("ctx128k")]
+        assert len(long) == 3 and all(ln.get_linestyle() == "None" for ln in long)  # points, no line
+        assert all(sorted(ln.get_xdata()) == timed for ln in long)  # nothing filled in
+    assert "128K context was timed at Tq 6, 24, 48 only" in fig.get_suptitle()
+    kc.plt.close(fig)
+
+
+def test_dspark_draft_is_faceted_by_mode_and_sampler_with_the_legend_off_the_data():
+    by_op, _ = kc.load_runs(RESULTS_GPU)
+    rows = by_op["dspark_draft"]
+    fig = kc.chart_figure("dspark_draft", rows, "label")
+    titles = sorted(ax.get_title() for ax in fig.axes)
+    assert len(titles) == 4 and all(("greedy" in t) != ("gumbel" in t) for t in titles)
+    assert sum("eager" in t for t in titles) == 2 and sum("CUDA graph" in t for t in titles) == 2
+    assert all(len(ax.get_lines()) <= 5 for ax in fig.axes)
+    assert sum(len(ax.get_lines()) for ax in fig.axes) == len({(r["shape"], r["impl"]) for r in rows})
+    assert not any(ax.get_legend() for ax in fig.axes) and len(fig.legends) == 1  # one, below the panels
+    assert kc.dspark_series("dspark_draft", "deepinfer", "chain5-gumbel-perstep-graph") == (
+        "graph", "gumbel", "all K = 5 positions: DeepInfer per-step path (default)"
+    )  # fmt: skip
+    kc.plt.close(fig)
