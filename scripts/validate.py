@@ -47,6 +47,8 @@ REFERENCE_PARTITIONS = ((14, 14, 12), (20, 20), (13, 14, 13), (8, 12, 20))
 # DSpark as the serve steps run it (the drafter stages mtp.0-2 of the tiny checkpoint)
 DSPARK: dict[str, Any] = {"method": "dspark", "num_speculative_tokens": 3}
 REFERENCE_SERVE = "serve-tp1"  # every other serve step's greedy tokens must equal this one's
+RELEASE_REFERENCE = "serve-release-tp1"  # ... or this one's, for the release-structured checkpoint
+RELEASE_DSPARK = {"method": "dspark", "num_speculative_tokens": 5}  # the release's K = dspark_block_size
 DIFFERING = "tokens_differing_from_serve_tp1"  # the evidence field of that comparison
 
 
@@ -60,6 +62,11 @@ class Serve:
     pp: int = 1
     partition: str | None = None
     speculative: dict[str, Any] | None = None
+    model: str = "tiny"  # "release": the release-structured checkpoint (scripts/tiny_v41_release.py)
+
+    @property
+    def reference(self) -> str:
+        return RELEASE_REFERENCE if self.model == "release" else REFERENCE_SERVE
 
     @property
     def gpus(self) -> int:
@@ -84,6 +91,10 @@ TINY_SERVE: tuple[Serve, ...] = (
     # Engram layers 1 and 2 open stages (the step's ids cross; row pp_engram_entry)
     Serve("serve-pp2-entry-dspark", 1, 2, "1,5", DSPARK),
     Serve("serve-pp3-entry-dspark", 1, 3, "1,1,4", DSPARK),
+    # the release's own layer structure (issue 37): the reference deployment's cut 14,14,12 with DSpark K=5,
+    # Engram layer 14 opening stage 1, layer 20's caches replicated onto stage 2
+    Serve(RELEASE_REFERENCE, 1, model="release"),
+    Serve("serve-release-pp3-dspark", 1, 3, "14,14,12", RELEASE_DSPARK, model="release"),
 )
 
 
@@ -200,20 +211,27 @@ def step_plans(ctx: dict) -> dict:
     return {"plans": plans}
 
 
+def release_model(ctx: dict) -> Path:
+    """The release-structured checkpoint beside the tiny one (MODEL-release)."""
+    return ctx["model"].parent / f"{ctx['model'].name}-release"
+
+
 def step_tiny(ctx: dict) -> dict:
     import make_tiny_v41
+    import tiny_v41_release
 
     manifest = make_tiny_v41.build(ctx["model"])
+    tiny_v41_release.build(release_model(ctx))
     from deepinfer_sm80.integration.pp.plan import build_plan
     from deepinfer_sm80.integration.pp.topology import Topology
 
-    topo = Topology.from_file(ctx["model"])
-    splits = {
-        s.partition: build_plan(topo, tuple(int(x) for x in s.partition.split(","))).to_dict()["stages"]
-        for s in TINY_SERVE
-        if s.partition
-    }
-    return {"manifest": manifest, "tiny_plans": {k: [s["needs"] for s in v] for k, v in splits.items()}}
+    topo = {"tiny": Topology.from_file(ctx["model"]), "release": Topology.from_file(release_model(ctx))}
+    needs = {}
+    for serve in TINY_SERVE:
+        if serve.partition:
+            plan = build_plan(topo[serve.model], tuple(map(int, serve.partition.split(","))))
+            needs[f"{serve.model}:{serve.partition}"] = [st["needs"] for st in plan.to_dict()["stages"]]
+    return {"manifest": manifest, "tiny_plans": needs}
 
 
 def step_engram_memory(ctx: dict) -> dict:
@@ -426,7 +444,8 @@ def make_serve_step(serve: Serve) -> Callable[[dict], dict]:
     def step(ctx: dict) -> dict:
         if len(ctx["gpus"]) < serve.gpus:
             raise SkipStep(f"needs {serve.gpus} GPUs, {len(ctx['gpus'])} present")
-        cmd, _ = harness_command(ctx["model"], serve, f"validate-{name}", ctx["out"])
+        model = release_model(ctx) if serve.model == "release" else ctx["model"]
+        cmd, _ = harness_command(model, serve, f"validate-{name}", ctx["out"])
         code, out = run(cmd, 3600)
         lines = [ln for ln in out.splitlines() if ln.strip()]
         root = run_root(ctx["out"], serve)
@@ -447,24 +466,24 @@ def make_serve_step(serve: Serve) -> Callable[[dict], dict]:
             raise StepFailure(f"{name}: no greedy token ids recorded under {root}", detail)
         ctx.setdefault("greedy_tokens", {})[name] = tokens
         problems = []
-        if name != REFERENCE_SERVE:
-            reference = ctx["greedy_tokens"].get(REFERENCE_SERVE)
+        if name != serve.reference:
+            reference = ctx["greedy_tokens"].get(serve.reference)
             if reference is None:
                 raise StepFailure(
-                    f"{name}: {REFERENCE_SERVE} recorded no greedy tokens in this run, nothing to compare",
+                    f"{name}: {serve.reference} recorded no greedy tokens in this run, nothing to compare",
                     detail,
                 )
-            detail |= compare_greedy(tokens, reference)
+            detail |= compare_greedy(tokens, reference) | {"reference": serve.reference}  # DIFFERING: vs it
             if detail[DIFFERING]:
                 first = detail["greedy_diverged"][0]
                 problems.append(
-                    f"{detail[DIFFERING]} greedy tokens differ from {REFERENCE_SERVE}'s (first: arm "
+                    f"{detail[DIFFERING]} greedy tokens differ from {serve.reference}'s (first: arm "
                     f"{first['arm']} {first['cell']} position {first['first_divergence']})"
                 )
             if detail["greedy_prompts_unmatched"]:
                 problems.append(
                     f"{detail['greedy_prompts_unmatched']} greedy prompts not answered by both "
-                    f"{name} and {REFERENCE_SERVE}"
+                    f"{name} and {serve.reference}"
                 )
         if serve.speculative:
             counters = spec_decode_counters(root)

@@ -32,11 +32,13 @@ SERVE_PLAN: dict[str, tuple[int, int, str | None, dict | None]] = {
     "serve-tp2-pp2-dspark": (2, 2, "4,2", DSPARK),
     "serve-pp2-entry-dspark": (1, 2, "1,5", DSPARK),
     "serve-pp3-entry-dspark": (1, 3, "1,1,4", DSPARK),
+    "serve-release-tp1": (1, 1, None, None),
+    "serve-release-pp3-dspark": (1, 3, "14,14,12", {"method": "dspark", "num_speculative_tokens": 5}),
 }
 RUNS_ON = {
-    1: ["serve-tp1", "serve-tp1-dspark"],
+    1: ["serve-tp1", "serve-tp1-dspark", "serve-release-tp1"],
     2: ["serve-tp1", "serve-tp1-dspark", "serve-tp2", "serve-pp2", "serve-pp2-dspark", "serve-pp2-clean",
-        "serve-pp2-clean-dspark", "serve-pp2-entry-dspark"],
+        "serve-pp2-clean-dspark", "serve-pp2-entry-dspark", "serve-release-tp1"],
     3: [n for n in SERVE_PLAN if n != "serve-tp2-pp2-dspark"],
     4: list(SERVE_PLAN),
     8: list(SERVE_PLAN),
@@ -183,7 +185,7 @@ def test_serve_steps_planned_per_gpu_count(
         )
         # arms x reps x the concurrency-1 greedy cell (c4 batches differ under PP: not compared)
         assert detail["greedy_outputs"] == 2 * 2 * FakeHarness.PROMPTS
-        if step.name != "serve-tp1":
+        if step.name not in ("serve-tp1", "serve-release-tp1"):  # each checkpoint's one-stage reference
             assert detail["tokens_differing_from_serve_tp1"] == 0
             assert detail["greedy_outputs_compared"] == detail["greedy_outputs"]
         if spec:
