@@ -225,7 +225,7 @@ def test_a_prefix_case_asks_for_no_prompt_logprobs_and_is_judged_by_greedy_only(
 
     main = next(e for e in runner.plan("full", True) if e.name == "main")
     asks = {c["name"]: c["prompt_logprobs"] for c in runner.worker_cases(main)}
-    assert asks == {"short": True, "long_chunked": True, "prefix_hit": False, "concurrent": True}
+    assert asks == {"short": True, "long_chunked": True, "prefix_hit": False, "concurrent": False}
     oracle = _FixedOracle()
     prompt = list(range(1, 20))
     result = compare_case(oracle, {"prompt": prompt, "tokens": [], "prompt_logprobs": None})

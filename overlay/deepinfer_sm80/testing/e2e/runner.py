@@ -115,6 +115,10 @@ class Case:
     # that asks for prompt logprobs (sampling_params.py:622-629 sets skip_reading_prefix_cache), so such
     # a case asks for none: it is compared with the oracle by its greedy tokens only.
     expect_cached: bool = False
+    # judged by its greedy tokens only (against its twin and the oracle's top-1 above the margin), no prompt
+    # logprobs: the concurrent prompts (5-17 tokens) are too short for the NLL guard, which the single-stage
+    # main engine itself misses on the 5-token one (0.5 nats over 4 scored tokens)
+    tokens_only: bool = False
 
 
 @dataclass
@@ -248,7 +252,7 @@ def plan(kind: str, engram: bool, num_layers: int = 6, cuts: bool = False) -> li
             same_as="main",
         )
     )
-    engines += pp_engines(short, every)
+    engines += pp_engines(short, every, full)
     if full or cuts:  # every other PP2 / PP3 cut of the checkpoint, with DSpark at the DeepInfer level
         engines += cut_engines(num_layers, short, every)
     if full:  # four processes on the 2-core machine: the evidence plan only
@@ -315,18 +319,20 @@ def pp_kwargs(partition: str) -> dict[str, Any]:
     return {"pipeline_parallel_size": partition.count(",") + 1, "distributed_executor_backend": "mp"}
 
 
-def pp_engines(short: list[int], every: list[str]) -> list[Engine]:
+def pp_engines(short: list[int], every: list[str], full: bool = False) -> list[Engine]:
     """Every cut of PP_LAYOUTS with and without DSpark, at both levels, in both plans (mp executor, gloo).
 
     Each must give the single-stage main engine's greedy tokens (DSpark is lossless under greedy), meet
     the oracle targets and reach the PP rows, each row on the stage that holds its layer (stage_rows);
-    the DSpark ones also the drafter's embedding row and the single-stage drafter's inputs."""
+    the DSpark ones also the drafter's embedding row and the single-stage drafter's inputs. The concurrent
+    case runs through every DSpark cut; in the CI plan the plain cuts skip it (the same cut and scheduler
+    carry it with DSpark), which keeps `make test` inside its 35 minutes."""
     out = []
     for name, (partition, what) in PP_LAYOUTS.items():
         for spec in (False, True):
             label = f"{name}_dspark" if spec else name
             desc = f"pipeline parallel {partition} over gloo{' with DSpark' if spec else ''}: {what}"
-            out.append(pp_engine(label, partition, spec, short, every, desc, LEVELS))
+            out.append(pp_engine(label, partition, spec, short, every, desc, LEVELS, concurrent=spec or full))
     return out
 
 
@@ -338,19 +344,20 @@ def pp_engine(
     every: list[str],
     what: str,
     levels: tuple[str, ...],
+    concurrent: bool = True,
 ) -> Engine:
-    """One pipeline engine at `partition` (± DSpark) serving the short case."""
+    """One pipeline engine at `partition` (± DSpark) serving the short case and the concurrent one."""
     kwargs = base_engine_kwargs() | pp_kwargs(partition) | (DSPARK_KWARGS if spec else {})
     rows = every + DECODE_ROWS + PP_ROWS + (DSPARK_PP_ROWS if spec else [])
     scheduler = {} if label in SYNC_ENGINES else ASYNC
+    cases = [Case("short", [short], 4, {lv: rows for lv in LEVELS}, what)]
+    if concurrent:
+        cases.append(concurrent_case({lv: rows for lv in LEVELS}, f" through the pipeline {partition}"))
     return Engine(
         label,
         SELECTING,
         kwargs,
-        [
-            Case("short", [short], 4, {lv: rows for lv in LEVELS}, what),
-            concurrent_case({lv: rows for lv in LEVELS}, f" through the pipeline {partition}"),
-        ],
+        cases,
         levels=levels,
         env={"VLLM_PP_LAYER_PARTITION": partition} | scheduler,
         spec_of="main" if spec else None,
@@ -412,6 +419,7 @@ def concurrent_case(rows: dict[str, list[str]], where: str) -> Case:
         rows,
         f"{CONCURRENT} requests of {', '.join(map(str, CONCURRENT_LENGTHS))} tokens in flight together "
         f"(max_num_seqs {CONCURRENT}){where}",
+        tokens_only=True,
     )
 
 
@@ -422,7 +430,7 @@ def worker_cases(engine: Engine) -> list[dict[str, Any]]:
             "name": c.name,
             "prompts": c.prompts,
             "max_tokens": c.max_tokens,
-            "prompt_logprobs": not c.expect_cached,
+            "prompt_logprobs": not (c.expect_cached or c.tokens_only),
         }
         for c in engine.cases
     ]

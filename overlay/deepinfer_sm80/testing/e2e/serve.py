@@ -144,7 +144,7 @@ def run_served(
                     "max_tokens": case["max_tokens"],
                     "temperature": 0.0,
                     "logprobs": 2,
-                    "prompt_logprobs": 0,
+                    "prompt_logprobs": 0 if case.get("prompt_logprobs", True) else None,
                     "return_token_ids": True,
                 }
                 reply = _post(base + "/v1/completions", body, max(deadline - time.perf_counter(), 1.0))
@@ -153,7 +153,9 @@ def run_served(
                 return {
                     "prompt": prompt,
                     "tokens": list(choice.get("token_ids") or []),
-                    "prompt_logprobs": _prompt_logprobs(prompt, choice.get("prompt_logprobs")),
+                    "prompt_logprobs": _prompt_logprobs(prompt, choice.get("prompt_logprobs"))
+                    if case.get("prompt_logprobs", True)
+                    else None,
                     "num_cached_tokens": int(details) if isinstance(details, int) else 0,
                 }
 
@@ -180,6 +182,7 @@ def run_served(
         "bound": bound,
         "cases": results,
         "spec_decode": spec,
+        "stage_rows": {str(k): v for k, v in coverage.merge_stages(cov_dir).items()},  # runner.stage_targets
     }
     if error:
         tail = [ln for ln in log_path.read_text(errors="replace").splitlines() if ln.strip()][-3:]
