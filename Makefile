@@ -62,13 +62,6 @@ e2e-pp-cuts: setup fetch-vllm tiny-model
 	$(PY) -m deepinfer_sm80.testing.e2e --cuts --engines 'main,dspark,cut_*' --levels optimized --engine-jobs 2 \
 		--out results/e2e-pp-cuts.json
 
-# the release-structured tiny checkpoint (40 layers, hidden 512): one stage ± DSpark K=5 and the cuts
-# 14,14,12 + DSpark, 13,14,13, 20,20 and PP8 (testing/e2e/release.py) -> results/e2e-release.json
-.PHONY: e2e-release
-e2e-release: setup fetch-vllm tiny-model
-	$(PY) -m deepinfer_sm80.testing.e2e --model $(CACHE)/tiny-v41-release --levels base,optimized \
-		--out results/e2e-release.json
-
 # the engine's full prompt logit rows against the oracle's: the NLL shift split into curvature, first
 # order and label terms, and the logit scale (~12 min here); EVIDENCE=1 writes results/e2e-nll-shift.json
 .PHONY: e2e-nll-shift

@@ -119,7 +119,12 @@ def pair_rows(
     target = at_most(f"{op} {shape} {size}: optimized/base time", ratio, 1.0, "x", SLOWER_CAUSE)
     if verdict == "mismatch":
         target = Target(
-            target.name, target.measured, target.goal, target.unit, False, "output mismatch",
+            target.name,
+            target.measured,
+            target.goal,
+            target.unit,
+            False,
+            "output mismatch",
             direction=target.direction,
         )
     return rows, target

