@@ -65,7 +65,7 @@ def _engine_facts(llm: Any) -> dict[str, Any]:
 
 def run(plan: dict[str, Any]) -> dict[str, Any]:
     from deepinfer_sm80.testing.e2e import coverage, standins
-    from deepinfer_sm80.testing.e2e.worker import _cpu, _prompt_logprobs, _spec_stats, _step_logprobs
+    from deepinfer_sm80.testing.e2e.worker import _cpu, _spec_stats, prompt_results, sampling_params
 
     if os.environ.get(standins.CUDA_ENV_SWITCH) != "1":
         raise RuntimeError(
@@ -86,36 +86,17 @@ def run(plan: dict[str, Any]) -> dict[str, Any]:
     graphs_at_load = dict(GRAPHS)
     results = []
     for case in plan["cases"]:
-        params = SamplingParams(
-            max_tokens=case["max_tokens"],
-            temperature=0.0,
-            logprobs=case.get("logprobs", 2),
-            prompt_logprobs=0 if case.get("prompt_logprobs", True) else None,
-        )
+        params = sampling_params(SamplingParams, case)
         before, graphs_before = coverage.snapshot(), Counter(GRAPHS)
         t = time.perf_counter()
         outs = llm.generate([{"prompt_token_ids": p} for p in case["prompts"]], params, use_tqdm=False)
         torch.cuda.synchronize()
         wall = time.perf_counter() - t
         print(f"gpu-worker: case {case['name']}: {wall:.2f} s", flush=True)
-        prompts = []
-        for prompt, out in zip(case["prompts"], outs, strict=True):
-            gen = out.outputs[0]
-            prompts.append(
-                {
-                    "prompt": prompt,
-                    "tokens": list(gen.token_ids),
-                    "logprobs": _step_logprobs(list(gen.token_ids), gen.logprobs),
-                    "prompt_logprobs": _prompt_logprobs(prompt, out.prompt_logprobs)
-                    if case.get("prompt_logprobs", True)
-                    else None,
-                    "num_cached_tokens": int(out.num_cached_tokens or 0),
-                }
-            )
         results.append(
             {
                 "name": case["name"],
-                "prompts": prompts,
+                "prompts": prompt_results(case, outs),
                 "wall_s": wall,
                 "rows": coverage.since(before),
                 "graph_replays": GRAPHS["replay"] - graphs_before["replay"],

@@ -43,6 +43,35 @@ def _step_logprobs(tokens: list[int], entries: list[Any] | None) -> list[dict[st
     return out
 
 
+def sampling_params(cls: Any, case: dict[str, Any]) -> Any:
+    """Greedy sampling for one case (the caller passes vLLM's SamplingParams: it imports vLLM)."""
+    return cls(
+        max_tokens=case["max_tokens"],
+        temperature=0.0,
+        logprobs=case.get("logprobs", 2),
+        prompt_logprobs=0 if case.get("prompt_logprobs", True) else None,
+    )
+
+
+def prompt_results(case: dict[str, Any], outs: list[Any]) -> list[dict[str, Any]]:
+    """Per prompt of a case: its generated tokens and logprobs, its prompt logprobs, its cached tokens."""
+    prompts = []
+    for prompt, out in zip(case["prompts"], outs, strict=True):
+        gen = out.outputs[0]
+        prompts.append(
+            {
+                "prompt": prompt,
+                "tokens": list(gen.token_ids),
+                "logprobs": _step_logprobs(list(gen.token_ids), gen.logprobs),
+                "prompt_logprobs": _prompt_logprobs(prompt, out.prompt_logprobs)
+                if case.get("prompt_logprobs", True)
+                else None,
+                "num_cached_tokens": int(out.num_cached_tokens or 0),
+            }
+        )
+    return prompts
+
+
 def run(plan: dict[str, Any]) -> dict[str, Any]:
     from deepinfer_sm80.testing.e2e import coverage, standins
 
@@ -58,35 +87,16 @@ def run(plan: dict[str, Any]) -> dict[str, Any]:
     load_rows = coverage.counts()
     results = []
     for case in plan["cases"]:
-        params = SamplingParams(
-            max_tokens=case["max_tokens"],
-            temperature=0.0,
-            logprobs=case.get("logprobs", 2),
-            prompt_logprobs=0 if case.get("prompt_logprobs", True) else None,
-        )
+        params = sampling_params(SamplingParams, case)
         before, aux_before, spec_before = coverage.snapshot(), len(coverage.AUX), _spec_stats(llm) or {}
         t, c = time.perf_counter(), _cpu()
         outs = llm.generate([{"prompt_token_ids": p} for p in case["prompts"]], params, use_tqdm=False)
         wall, cpu = time.perf_counter() - t, _cpu() - c
         print(f"e2e-worker: case {case['name']}: {wall:.1f} s wall, {cpu:.1f} s CPU", flush=True)
-        prompts = []
-        for prompt, out in zip(case["prompts"], outs, strict=True):
-            gen = out.outputs[0]
-            prompts.append(
-                {
-                    "prompt": prompt,
-                    "tokens": list(gen.token_ids),
-                    "logprobs": _step_logprobs(list(gen.token_ids), gen.logprobs),
-                    "prompt_logprobs": _prompt_logprobs(prompt, out.prompt_logprobs)
-                    if case.get("prompt_logprobs", True)
-                    else None,
-                    "num_cached_tokens": int(out.num_cached_tokens or 0),
-                }
-            )
         results.append(
             {
                 "name": case["name"],
-                "prompts": prompts,
+                "prompts": prompt_results(case, outs),
                 "wall_s": wall,
                 "cpu_s": cpu,
                 "rows": coverage.since(before),
