@@ -557,11 +557,16 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    if args.json:
+    print_manifest(args.out, manifest, args.json)
+    return 0
+
+
+def print_manifest(out: str, manifest: dict, as_json: bool) -> None:
+    """The build's one line (or its manifest as JSON) on stdout."""
+    if as_json:
         print(json.dumps(manifest))
     else:
-        print(f"{args.out}: {manifest['tensors']} tensors, {manifest['bytes'] / 2**20:.1f} MiB")
-    return 0
+        print(f"{out}: {manifest['tensors']} tensors, {manifest['bytes'] / 2**20:.1f} MiB")
 
 
 if __name__ == "__main__":

@@ -121,10 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    if args.json:
-        print(json.dumps(manifest))
-    else:
-        print(f"{args.out}: {manifest['tensors']} tensors, {manifest['bytes'] / 2**20:.1f} MiB")
+    mk.print_manifest(args.out, manifest, args.json)
     return 0
 
 
