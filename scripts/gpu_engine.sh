@@ -99,7 +99,7 @@ engines() {
 export -f versions setup engines
 export OUT_DIR ENGINES BUNDLE PY E2E WORK T0 BUDGET
 step versions 40 bash -c versions; cat "$WORK/versions.log" | cut -c1-1500; pack
-step setup 150 bash -c setup; tail -5 "$WORK/setup.log"; pack
+step setup 200 bash -c setup; tail -5 "$WORK/setup.log"; pack
 if [ "${GPU_ENGINE_DRY:-}" = 1 ]; then
   echo "gpu_engine: dry run (no engine)"; ls -la "$OUT_DIR"; exit 0
 fi
