@@ -7,7 +7,8 @@
     greedy-i{L}-o{O}-c{C}      greedy token-match check between arms
     rate-i{L}-o{O}-r{R}-{A}[-b{B}][-d{D}]
                                open loop: R requests/s (`0p5` = 0.5, `inf` = all at once), arrivals
-                               A = poisson | constant | gamma; L and O are the means of the length
+                               A = poisson | constant | gamma | poisson0 (arrivals.py says what each
+                               sends: poisson is vllm bench serve's); L and O are the means of the length
                                draws. R may also be a ramp `{S}to{E}lin` / `{S}to{E}exp` (the rate
                                moves from S to E requests/s, linearly or geometrically, as vllm bench
                                serve --ramp-up-strategy) or a sweep point `{k}of{N}max` (k/N of the
@@ -33,7 +34,10 @@ import re
 from dataclasses import dataclass
 
 KINDS = ("prefill-cold", "ttft", "decode", "nll", "greedy", "rate", "prefix", "chat")
-ARRIVALS = ("poisson", "constant", "gamma")
+ARRIVALS = ("poisson0", "poisson", "constant", "gamma")  # poisson0 first: the id regex tries it first
+# `poisson` is vllm bench serve 0.32.0's Poisson process (arrivals.py); runs recorded before it was
+# (the harness's own process, first request at t = 0, no rescaling) now read as `poisson0`
+POISSON_PROCESS = "vllm-0.32.0"
 RAMPS = {"linear": "lin", "exponential": "exp"}  # vllm bench serve --ramp-up-strategy → id suffix
 DEFAULT_WORKLOAD = "prose"
 WORKLOADS = ("prose", "code", "sharegpt", "page")  # workloads.py builds each one's text
@@ -120,7 +124,7 @@ class Cell:
     concurrency: int = 1
     workload: str = DEFAULT_WORKLOAD
     rate: float = 0.0  # rate cells: requests per second (inf: all at t = 0); a ramp's start rate
-    arrival: str = ""  # rate cells: poisson | constant | gamma
+    arrival: str = ""  # rate cells: poisson | constant | gamma | poisson0
     prefix: int = 0  # prefix cells: shared prefix length (tokens)
     burstiness: float = 0.0  # gamma cells: the gamma shape (vllm bench serve --burstiness); else 0
     ramp: str = ""  # ramp cells: linear | exponential, from `rate` to `ramp_end` requests/s

@@ -74,6 +74,16 @@ def check_resume(layout: RunLayout, profile: Profile) -> None:
         )
 
 
+def _poisson_note(changed: list[str]) -> str:
+    """Why a recorded `-poisson` cell no longer resumes: the name moved to vLLM's process."""
+    if not any(i.startswith("rate-") and "-poisson-" in f"{i}-" for i in changed):
+        return ""
+    return (
+        " (`poisson` is vllm bench serve's process since the harness took its definition; these "
+        "runs sent the former one, now `poisson0`: harness/README, Arrival processes)"
+    )
+
+
 def git_sha(where: Path) -> str | None:
     res = subprocess.run(
         ["git", "-C", str(where), "rev-parse", "HEAD"], capture_output=True, text=True, check=False
@@ -184,7 +194,7 @@ def init_manifest(
         if changed or old.get("model") != model:
             raise DefinitionMismatch(
                 f"{layout.root}: cell definitions or model changed since the run began "
-                f"({changed or 'model'}); use a new --run-id or --fresh"
+                f"({changed or 'model'}); use a new --run-id or --fresh{_poisson_note(changed)}"
             )
         old["cells"] = cell_rows
         return old

@@ -15,7 +15,7 @@ import random
 from dataclasses import asdict, dataclass, field, replace
 
 from deepinfer_harness.arrivals import schedule
-from deepinfer_harness.cells import EXTRA_FIELDS, Cell
+from deepinfer_harness.cells import EXTRA_FIELDS, POISSON_PROCESS, Cell
 from deepinfer_harness.config import Profile, RatePlan
 from deepinfer_harness.lengths import nominal, stable_seed
 from deepinfer_harness.sharegpt import CONVERSATIONS
@@ -40,6 +40,11 @@ class CellDef:
         for name, default in EXTRA_FIELDS.items():  # unchanged hashes for the original kinds
             if data["cell"][name] == default:
                 del data["cell"][name]
+        if self.cell.arrival == "poisson" and not math.isinf(self.cell.rate):
+            # vLLM's process since the harness named it so: a run recorded with the former
+            # `poisson` (now `poisson0`) has another sha, and its resume refuses (manifest.py);
+            # all at once (rate inf) sends the same with either, and keeps its sha
+            data["cell"]["process"] = POISSON_PROCESS
         data["cell_id"] = self.id
         return data
 

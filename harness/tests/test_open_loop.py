@@ -2,6 +2,7 @@
 burstiness, linear and exponential ramp-up, duration-bounded cells next to count-bounded ones, and
 a sweep to saturation whose rates are decided once per run and recorded for resume."""
 
+import hashlib
 import itertools
 import json
 import math
@@ -108,15 +109,23 @@ def test_bad_rate_ids_are_refused(bad):
 
 def test_existing_rate_ids_and_definitions_are_unchanged():
     """Ids and definition sha256 of rate cells written before these shapes (values from the
-    harness at 1aa383c): a run recorded then still resumes."""
+    harness at 1aa383c). Since `poisson` became vllm bench serve's process, a finite-rate
+    `-poisson` cell's definition carries `process` (so a run recorded with the former process,
+    now `poisson0`, refuses to resume instead of mixing schedules); without that key it is the
+    recorded definition, byte for byte. All at once (rate inf) keeps its sha."""
     legacy = CellDef(
         Cell("rate", 1024, 128, 1, rate=2.0, arrival="poisson"),
         n=100,
         params={"isl": 1024, "osl": 128, "seed": 0, "max_concurrency": None},
     )
     assert legacy.id == "rate-i1k-o128-r2-poisson"
-    assert legacy.definition_sha256 == "ed3a866f07d54b65b11aec5c96baf16f8604bced4084fce49559457bd8b8787c"
-    assert set(legacy.definition()["cell"]) == {
+    recorded = "ed3a866f07d54b65b11aec5c96baf16f8604bced4084fce49559457bd8b8787c"
+    assert legacy.definition_sha256 != recorded
+    former = legacy.definition()
+    assert former["cell"].pop("process") == "vllm-0.32.0"
+    blob = json.dumps(former, sort_keys=True, separators=(",", ":")).encode()
+    assert hashlib.sha256(blob).hexdigest() == recorded
+    assert set(former["cell"]) == {
         "kind",
         "isl",
         "osl",
@@ -160,7 +169,7 @@ def _gaps(offsets):
 
 
 def test_legacy_processes_are_bit_for_bit_the_old_ones():
-    for arrival in ("poisson", "constant"):
+    for arrival in ("poisson0", "constant"):
         cell = Cell("rate", 16, 4, 1, rate=7.0, arrival=arrival)
         assert schedule(cell, 500, 11) == arrival_offsets_s(7.0, arrival, 500, 11)
 
