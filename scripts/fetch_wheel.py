@@ -26,8 +26,17 @@ def verify(path: Path, expected: str) -> None:
         raise ChecksumError(f"{path.name}: sha256 {got} does not match the pinned {expected}; refusing it")
 
 
-def fetch(requirement: str, filename: str, expected_sha256: str, dest: Path) -> Path:
-    """Return dest/filename, downloading it with pip if absent; raise ChecksumError on mismatch."""
+def fetch(
+    requirement: str,
+    filename: str,
+    expected_sha256: str,
+    dest: Path,
+    python_version: str = "3.12",
+    platform: str = "manylinux_2_28_x86_64",
+) -> Path:
+    """Return dest/filename, downloading it with pip if absent; raise ChecksumError on mismatch.
+    `python_version` / `platform`: the wheel's tags (vLLM's are abi3; a CPython-specific wheel names
+    its own)."""
     dest.mkdir(parents=True, exist_ok=True)
     wheel = dest / filename
     if not wheel.exists():
@@ -41,9 +50,9 @@ def fetch(requirement: str, filename: str, expected_sha256: str, dest: Path) -> 
                 "--no-deps",
                 "--only-binary=:all:",
                 "--python-version",
-                "3.12",
+                python_version,
                 "--platform",
-                "manylinux_2_28_x86_64",
+                platform,
                 "-d",
                 str(dest),
                 requirement,
