@@ -1046,6 +1046,54 @@ def _pp_over_gloo(module: Any) -> None:
     shm.all_gather_into_tensor = all_gather_into_tensor
 
 
+# ----------------------------------------------------------------------------- 17. Ray on the CPU platform
+RAY_DEVICE_KEY = "deepinfer_cpu_device"  # the Ray resource each e2e Ray node offers once (ray_nodes.py)
+
+
+def _ray_device_key(module: Any) -> None:
+    """The CPU platform names a Ray device: the custom resource each e2e Ray node offers once.
+
+    Replaces: `platforms/interface.py:150` (`ray_device_key = ""`, which `CpuPlatform`,
+    `platforms/cpu.py:103`, keeps), read at `v1/executor/ray_utils.py:572-576`, where vLLM refuses
+    ("current platform cpu does not support ray"), and at `ray_utils.py:416-420` and
+    `ray_executor_v2.py:147-151`. On sm_80 it is
+    `platforms/cuda.py:229` ("GPU"): the placement group takes one GPU per worker and the actor asks for
+    `num_gpus` (`ray_executor_v2.py:278-281`). Here the placement group takes one `RAY_DEVICE_KEY` per
+    worker, so a PP2 engine on two nodes of one unit each puts one stage per node, as one GPU per stage
+    would, and the actor asks for it through `resources` (`ray_executor_v2.py:282`), which Ray accepts for a
+    custom key. The first try named Ray's own "CPU" key, which Ray refuses in `resources` ("Use the
+    'num_cpus' argument"); the custom key leaves `_get_actor_resource_kwargs` as upstream wrote it.
+    """
+    module.CpuPlatform.ray_device_key = RAY_DEVICE_KEY
+    _note("ray_device_key_on_cpu")
+
+
+def _ray_accelerator_ids(module: Any) -> None:
+    """A Ray actor's device ids on the CPU platform: the node's one stand-in device, id 0.
+
+    Replaces: `v1/executor/ray_executor_v2.py:152` (`RayWorkerProc.get_node_and_physical_gpu_ids`):
+    `ray.get_runtime_context().get_accelerator_ids()[device_key]` knows only Ray's accelerator managers
+    (GPU, TPU, NPU, HPU, ...), so a custom resource is a KeyError there. On sm_80 Ray reports the GPU ids
+    its placement gave the actor and this method runs as upstream wrote it. The stand-in returns the node
+    id as upstream does and `[0]` per actor (its node's one unit of `RAY_DEVICE_KEY`; the CPU worker
+    opens no device by id). It defers to upstream wherever Ray does report the key."""
+    cls = module.RayWorkerProc
+    upstream = cls.get_node_and_physical_gpu_ids
+    if getattr(upstream, "_e2e_standin", False):
+        return
+
+    def get_node_and_physical_gpu_ids(self: Any) -> tuple[str, list[int]]:
+        import ray
+
+        if RAY_DEVICE_KEY not in ray.get_runtime_context().get_accelerator_ids():
+            return ray.get_runtime_context().get_node_id(), [0]
+        return upstream(self)
+
+    get_node_and_physical_gpu_ids._e2e_standin = True  # type: ignore[attr-defined]
+    cls.get_node_and_physical_gpu_ids = get_node_and_physical_gpu_ids
+    _note("ray_accelerator_ids_on_cpu")
+
+
 # ----------------------------------------------------------------------------- install
 def install() -> None:
     """Put every stand-in in place (idempotent). Called by the startup hook when DEEPINFER_E2E_CPU=1."""
@@ -1070,6 +1118,8 @@ def install() -> None:
     _after_import("vllm.model_executor.layers.sparse_attn_indexer")(_indexer_dispatch)
     _after_import("vllm._custom_ops")(_custom_ops)
     _after_import("vllm.distributed.device_communicators.cpu_communicator")(_pp_over_gloo)
+    _after_import("vllm.platforms.cpu")(_ray_device_key)
+    _after_import("vllm.v1.executor.ray_executor_v2")(_ray_accelerator_ids)
     from deepinfer_sm80.testing.e2e import coverage
 
     coverage.install()

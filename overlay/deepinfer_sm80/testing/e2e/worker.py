@@ -15,6 +15,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -72,7 +73,9 @@ def prompt_results(case: dict[str, Any], outs: list[Any]) -> list[dict[str, Any]
     return prompts
 
 
-def run(plan: dict[str, Any]) -> dict[str, Any]:
+def run(plan: dict[str, Any], finish: Callable[[Any], dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The plan's cases on one engine. `finish(llm)`, once every case has run, adds its dict to the output
+    (the Ray case's driver, ray_engine.py: the stage actors' row dumps and the executor's shutdown)."""
     from deepinfer_sm80.testing.e2e import coverage, standins
 
     if os.environ.get(standins.ENV_SWITCH) != "1":
@@ -105,7 +108,8 @@ def run(plan: dict[str, Any]) -> dict[str, Any]:
             }
         )
     spec = _spec_stats(llm)
-    return {
+    finished = finish(llm) if finish is not None else {}
+    return finished | {
         "scheduler": _scheduler(llm),
         "start": start,
         "load_rows": load_rows,
