@@ -11,8 +11,12 @@
                                sends: poisson is vllm bench serve's); L and O are the means of the length
                                draws. R may also be a ramp `{S}to{E}lin` / `{S}to{E}exp` (the rate
                                moves from S to E requests/s, linearly or geometrically, as vllm bench
-                               serve --ramp-up-strategy) or a sweep point `{k}of{N}max` (k/N of the
-                               maximum throughput the run's probe cell measured, plan.rate.sweep).
+                               serve --ramp-up-strategy), `sync` (GuideLLM's synchronous strategy:
+                               one request at a time, each sent when the one before ends: the sweep's
+                               first anchor) or a sweep point `{k}of{N}sweep` (GuideLLM's sweep: the
+                               synchronous rate S plus k/N of the way to the all-at-once throughput T,
+                               both measured by the run, plan.rate.sweep). `{k}of{N}max` (k/N of T) is
+                               the former anchor, read in runs recorded with it and planned no more.
                                `-b{B}`: the gamma process's burstiness (gamma cells only; 1 is
                                vllm bench serve's Poisson); `-d{D}`: send for D seconds (the requests
                                the seeded schedule puts in [0, D)) instead of a fixed count
@@ -44,7 +48,7 @@ WORKLOADS = ("prose", "code", "sharegpt", "page")  # workloads.py builds each on
 _SIZE = r"(\d+k?)"
 _NUM = r"\d+(?:p\d+)?"  # a decimal with `p` for the point (ids are directory names)
 _RAMP = re.compile(rf"^({_NUM})to({_NUM})(lin|exp)$")
-_SWEEP = re.compile(r"^(\d+)of(\d+)max$")
+_SWEEP = re.compile(r"^(\d+)of(\d+)(max|sweep)$")
 _WORKLOAD = re.compile(r"^(.*)-w([a-z][a-z0-9]*)$")
 _PATTERNS = {
     "prefill-cold": re.compile(rf"^prefill-cold-i{_SIZE}(?:-c(\d+))?$"),
@@ -53,7 +57,7 @@ _PATTERNS = {
     "nll": re.compile(rf"^nll-i{_SIZE}$"),
     "greedy": re.compile(rf"^greedy-i{_SIZE}-o{_SIZE}-c(\d+)$"),
     "rate": re.compile(
-        rf"^rate-i{_SIZE}-o{_SIZE}-r(inf|{_NUM}|{_NUM}to{_NUM}(?:lin|exp)|\d+of\d+max)"
+        rf"^rate-i{_SIZE}-o{_SIZE}-r(inf|sync|{_NUM}|{_NUM}to{_NUM}(?:lin|exp)|\d+of\d+(?:max|sweep))"
         rf"-({'|'.join(ARRIVALS)})(?:-b(inf|{_NUM}))?(?:-d({_NUM}))?$"
     ),
     "prefix": re.compile(rf"^prefix-i{_SIZE}-p{_SIZE}-o{_SIZE}-c(\d+)$"),
@@ -72,6 +76,9 @@ EXTRA_FIELDS = {
     "duration_s": 0.0,
     "sweep_k": 0,
     "sweep_of": 0,
+    # GuideLLM's sweep anchor (synchronous rate, then throughput, points between): the same rule
+    "synchronous": False,
+    "sweep_between": False,
 }
 
 
@@ -130,8 +137,10 @@ class Cell:
     ramp: str = ""  # ramp cells: linear | exponential, from `rate` to `ramp_end` requests/s
     ramp_end: float = 0.0
     duration_s: float = 0.0  # > 0: send the requests the schedule puts in [0, duration_s)
-    sweep_k: int = 0  # sweep points: rate = sweep_k / sweep_of × the probe's measured maximum
+    sweep_k: int = 0  # sweep points: rate = S + sweep_k / sweep_of × (T − S) (run/sweep.py)
     sweep_of: int = 0
+    synchronous: bool = False  # the sweep's synchronous anchor: rate inf sent one at a time
+    sweep_between: bool = False  # a point between S and T (`sweep`); False: k/N of T (`max`, former)
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -152,6 +161,14 @@ class Cell:
     def _check_rate(self) -> None:
         if self.arrival not in ARRIVALS:
             raise ValueError(f"rate cells need an arrival in {ARRIVALS}: {self}")
+        if self.synchronous and not (
+            math.isinf(self.rate) and not (self.ramp or self.duration_s or self.sweep_of)
+        ):
+            raise ValueError(
+                f"a synchronous cell sends one request at a time: no rate, ramp or bound: {self}"
+            )
+        if self.sweep_between and not self.sweep_of:
+            raise ValueError(f"sweep_between is a sweep point's: {self}")
         if self.sweep_of or self.sweep_k:
             if not 1 <= self.sweep_k < self.sweep_of:
                 raise ValueError(f"a sweep point needs 1 <= k < N: {self}")
@@ -201,8 +218,10 @@ def format_cell(cell: Cell) -> str:
 
 
 def _rate_text(cell: Cell) -> str:
+    if cell.synchronous:
+        return "sync"
     if cell.sweep_of:
-        return f"{cell.sweep_k}of{cell.sweep_of}max"
+        return f"{cell.sweep_k}of{cell.sweep_of}{'sweep' if cell.sweep_between else 'max'}"
     if cell.ramp:
         return f"{format_rate(cell.rate)}to{format_rate(cell.ramp_end)}{RAMPS[cell.ramp]}"
     return format_rate(cell.rate)
@@ -214,8 +233,14 @@ def _parse_rate_cell(isl: int, osl: int, workload: str, groups: tuple[str | None
         "burstiness": parse_rate(burst) if burst is not None else 0.0,
         "duration_s": parse_rate(duration) if duration is not None else 0.0,
     }
-    if m := _SWEEP.match(str(rate_text)):
-        fields |= {"sweep_k": int(m.group(1)), "sweep_of": int(m.group(2))}
+    if rate_text == "sync":
+        fields |= {"rate": math.inf, "synchronous": True}
+    elif m := _SWEEP.match(str(rate_text)):
+        fields |= {
+            "sweep_k": int(m.group(1)),
+            "sweep_of": int(m.group(2)),
+            "sweep_between": m.group(3) == "sweep",
+        }
     elif m := _RAMP.match(str(rate_text)):
         strategy = next(k for k, v in RAMPS.items() if v == m.group(3))
         fields |= {"rate": parse_rate(m.group(1)), "ramp": strategy, "ramp_end": parse_rate(m.group(2))}

@@ -189,18 +189,21 @@ def cmd_bench_ab(args: argparse.Namespace) -> int:
 
 
 def _missing_cause(layout: RunLayout, cells: list, missing: list, failures: list[str]) -> str:
-    """Why runs are missing, truly: sweep points no probe run could place, a session that could
-    not run (its cause), else a server that died mid-session."""
+    """Why runs are missing, truly: sweep points whose anchors could not place them (what broke
+    each anchor: a rule other than host load, or no run of it finished and why), then a session
+    that could not run (its cause), else a server that died mid-session."""
     from deepinfer_harness.run.sweep import unplaced
 
-    reasons = unplaced(layout, cells)
+    reasons = unplaced(layout, cells, failures)
     probe_of = {c.id: c.sweep_probe for c in cells}
     ids = [m.get("cell_id") if isinstance(m, dict) else str(m).split("/")[0] for m in missing]
-    if reasons and all(probe_of.get(i) in reasons for i in ids):
-        return "; ".join(reasons.values())
-    if failures:
-        return failures[0].splitlines()[0]
-    return "a server died mid-session"
+    points = [i for i in ids if probe_of.get(i) in reasons]
+    others = len(ids) - len(points)
+    other = failures[0].splitlines()[0] if failures else "a server died mid-session"
+    if not points:
+        return other
+    unplaced_text = "; ".join(reasons[p] for p in sorted({probe_of[i] for i in points}))
+    return unplaced_text if not others else f"{unplaced_text}; {others} other runs: {other}"
 
 
 def _stale_servers(args: argparse.Namespace, profile: Profile, run_id: str) -> list[str]:

@@ -328,10 +328,11 @@ class Ramp(_Section):
 
 
 class RateSweep(_Section):
-    """GuideLLM's sweep: the all-at-once rate cell (`.inf`, capped by max_concurrency when set)
-    measures the most requests/s the server completes; `points` rates evenly below it (k/(points+1)
-    of it, k = 1 … points) follow, each a rate cell compared A/B. The first valid probe run in
-    schedule order decides the rates, once; the run's manifest records them (resume reads them)."""
+    """GuideLLM's sweep: a synchronous cell (one request at a time) measures S, the all-at-once
+    rate cell (`.inf`, capped by max_concurrency when set) measures T, the most requests/s the
+    server completes; `points` rates evenly between them (S + k/(points+1)·(T − S), k = 1 …
+    points) follow, each a rate cell compared A/B. The first usable run of each anchor in schedule
+    order decides the rates, once; the run's manifest records them (resume reads them)."""
 
     points: Int = 0  # 0: no sweep
 

@@ -84,6 +84,12 @@ def _poisson_note(changed: list[str]) -> str:
     )
 
 
+def _sweep_note(gone: list[str]) -> str:
+    if not any(i.startswith("rate-") and "max-" in i for i in gone):
+        return ""
+    return "; its sweep was anchored at k/N of the all-at-once throughput, now GuideLLM's S to T"
+
+
 def git_sha(where: Path) -> str | None:
     res = subprocess.run(
         ["git", "-C", str(where), "rev-parse", "HEAD"], capture_output=True, text=True, check=False
@@ -190,6 +196,13 @@ def init_manifest(
             raise DefinitionMismatch(
                 f"{layout.root}: the checkpoint {model} changed since the run began (files or config.json); "
                 "use a new --run-id or --fresh"
+            )
+        gone, added = sorted(old_defs.keys() - new_defs.keys()), sorted(new_defs.keys() - old_defs.keys())
+        if gone or added:  # the same profile planned other cells: this harness plans them otherwise
+            raise DefinitionMismatch(
+                f"{layout.root}: this harness plans other cells for the run's profile than it recorded "
+                f"(recorded only: {gone[:3] or 'none'}; planned only: {added[:3] or 'none'}"
+                f"{_sweep_note(gone)}); use a new --run-id or --fresh"
             )
         if changed or old.get("model") != model:
             raise DefinitionMismatch(

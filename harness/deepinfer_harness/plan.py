@@ -50,8 +50,14 @@ class CellDef:
 
     @property
     def sweep_probe(self) -> str | None:
-        """A sweep point's probe cell (its rate is k/N of what that cell measured), else None."""
+        """A sweep point's all-at-once probe cell (its measured throughput T), else None."""
         return self.params.get("sweep_probe")
+
+    @property
+    def sweep_sync(self) -> str | None:
+        """A sweep point's synchronous anchor cell (its measured rate S), else None (a point of
+        the former anchor, k/N of T, has none)."""
+        return self.params.get("sweep_sync")
 
     @property
     def conversation_prompts(self) -> bool:
@@ -134,6 +140,7 @@ def rate_cells(r: RatePlan) -> list[CellDef]:
     # all at once: the arrival process makes no difference, so rate inf is the first process's
     base = Cell("rate", nominal(r.isl), nominal(r.osl), 1, r.workload, math.inf, **processes[0])
     probe = base
+    synchronous = replace(base, synchronous=True)  # GuideLLM's first anchor: one at a time
     out: list[CellDef] = []
     for process in processes:
         for rate in r.rates:
@@ -154,11 +161,14 @@ def rate_cells(r: RatePlan) -> list[CellDef]:
         if r.sweep.points:
             of = r.sweep.points + 1
             for k in range(1, of):
-                cell = replace(base, rate=0.0, **process, sweep_k=k, sweep_of=of)
-                sweep = params | {"sweep_probe": probe.id}  # the cell whose throughput sets the rate
+                cell = replace(base, rate=0.0, **process, sweep_k=k, sweep_of=of, sweep_between=True)
+                # the cells whose measured rates place the point: S (synchronous) and T (all at once)
+                sweep = params | {"sweep_probe": probe.id, "sweep_sync": synchronous.id}
                 out.append(CellDef(cell, n=r.n, warmup=r.warmup, params=sweep))
     if r.sweep.points and probe.id not in {c.id for c in out}:
         out.append(CellDef(probe, n=r.n, warmup=r.warmup, params=params))
+    if r.sweep.points:
+        out.append(CellDef(synchronous, n=r.n, warmup=r.warmup, params=params))
     return out
 
 

@@ -292,10 +292,12 @@ def test_the_plan_makes_each_shape_next_to_the_count_cells(capsys):
         "rate-i64-o8-r2-gamma-b4-d5",
         "rate-i64-o8-r1to4lin-poisson",
         "rate-i64-o8-r1to4lin-gamma-b0p5-d5",
-        "rate-i64-o8-r1of3max-poisson",
-        "rate-i64-o8-r2of3max-gamma-b4",
+        "rate-i64-o8-rsync-poisson",  # the sweep's synchronous anchor, once
+        "rate-i64-o8-r1of3sweep-poisson",
+        "rate-i64-o8-r2of3sweep-gamma-b4",
     } <= set(rate)
-    assert not any("rinf-gamma" in k for k in rate) and len(rate) == 1 + 3 * (1 + 1 + 2 + 2)
+    assert not any("rinf-gamma" in k or "rsync-gamma" in k for k in rate)
+    assert len(rate) == 2 + 3 * (1 + 1 + 2 + 2)
     # a duration cell sends its seeded schedule's arrivals in [0, D): known before the run
     cell = parse_cell("rate-i64-o8-r2-poisson-d5")
     offsets = schedule(cell, 0, rate_seed(0, cell))
@@ -309,11 +311,12 @@ def test_gamma_alone_makes_its_all_at_once_cell_and_sweep(capsys):
     )
     rate = sorted(k for k in cells if k.startswith("rate-"))
     assert rate == [
-        "rate-i1k-o128-r1of2max-gamma-b0p5",
-        "rate-i1k-o128-r1of2max-gamma-b2",
+        "rate-i1k-o128-r1of2sweep-gamma-b0p5",
+        "rate-i1k-o128-r1of2sweep-gamma-b2",
         "rate-i1k-o128-r3-gamma-b0p5",
         "rate-i1k-o128-r3-gamma-b2",
         "rate-i1k-o128-rinf-gamma-b0p5",  # the probe: the first process
+        "rate-i1k-o128-rsync-gamma-b0p5",  # the synchronous anchor: the first process too
     ]
 
 
@@ -323,9 +326,10 @@ def test_sweep_points_run_after_their_probe_and_other_orders_stay():
     profile.plan.decode.concurrencies = [1, 2]
     cells = build_cells(profile)
     order = [c.id for c in session_order(cells, 7)]
-    points = [i for i, c in enumerate(order) if "max-" in c]
+    points = [i for i, c in enumerate(order) if "sweep-" in c]
     assert len(points) == 3 and points == list(range(len(order) - 3, len(order)))
     assert order.index("rate-i1k-o128-rinf-poisson") < points[0]
+    assert order.index("rate-i1k-o128-rsync-poisson") < points[0]
     plain = [c for c in cells if not c.cell.is_sweep_point]
     shuffled = sorted(plain, key=lambda c: c.id)
     random.Random(7).shuffle(shuffled)
@@ -362,9 +366,12 @@ def test_sweep_decides_once_records_and_resumes_to_the_same_rates(fake, tmp_path
     decision = manifest["sweeps"]["rate-i16-o4-rinf-poisson"]
     probe = read_json(layout.run_file(RunKey("rate-i16-o4-rinf-poisson", "A", 0), "summary.json"))
     assert decision["probe_run"] == "A.r0" and decision["max_rate"] == probe["request_throughput"]
+    sync = read_json(layout.run_file(RunKey("rate-i16-o4-rsync-poisson", "A", 0), "summary.json"))
+    assert decision["sync_run"] == "A.r0" and decision["sync_rate"] == sync["request_throughput"]
+    low, top = decision["sync_rate"], decision["max_rate"]
     rates = {
-        c: decision["max_rate"] * k / 3
-        for c, k in (("rate-i16-o4-r1of3max-poisson", 1), ("rate-i16-o4-r2of3max-poisson", 2))
+        c: low + (top - low) * k / 3
+        for c, k in (("rate-i16-o4-r1of3sweep-poisson", 1), ("rate-i16-o4-r2of3sweep-poisson", 2))
     }
     assert decision["rates"] == pytest.approx(rates)
     for cell_id, rate in rates.items():  # every session, both arms, at the recorded rate
@@ -373,38 +380,38 @@ def test_sweep_decides_once_records_and_resumes_to_the_same_rates(fake, tmp_path
             assert facts["arrivals"]["offered_rate"] == pytest.approx(rate)
     summary = read_json(layout.summary)
     verdicts = {v["cell_id"]: v for v in summary["rate_verdicts"]}
-    assert verdicts["rate-i16-o4-r1of3max-poisson"]["offered_rate"] == pytest.approx(
-        rates["rate-i16-o4-r1of3max-poisson"]
+    assert verdicts["rate-i16-o4-r1of3sweep-poisson"]["offered_rate"] == pytest.approx(
+        rates["rate-i16-o4-r1of3sweep-poisson"]
     )
-    assert verdicts["rate-i16-o4-r2of3max-poisson"]["verdict"]["request_throughput"]["mark"] in "?~-+"
+    assert verdicts["rate-i16-o4-r2of3sweep-poisson"]["verdict"]["request_throughput"]["mark"] in "?~-+"
     assert summary["sweeps"] == manifest["sweeps"]
     json.loads(layout.summary.read_text(), parse_constant=lambda c: pytest.fail(f"non-strict {c}"))
     assert verdicts["rate-i16-o4-rinf-poisson"]["offered_rate"] == "inf"  # strict: a string, unit beside
     assert [p["offered_rate"] for p in summary["rate_sweep"][0]["points"]][-1] == "inf"
     md = (layout.root / "ab.md").read_text()
-    assert "## A/B by offered rate" in md and "r2of3max" in md
+    assert "## A/B by offered rate" in md and "r2of3sweep" in md
 
     # resume after losing two sweep runs: the same recorded rates, never measured again
     for key in (
-        RunKey("rate-i16-o4-r2of3max-poisson", "B", 1),
-        RunKey("rate-i16-o4-r1of3max-poisson", "A", 0),
+        RunKey("rate-i16-o4-r2of3sweep-poisson", "B", 1),
+        RunKey("rate-i16-o4-r1of3sweep-poisson", "A", 0),
     ):
         for path in layout.run_files(key):
             path.unlink()
     assert bench(tmp_path, profile) == 0
     again = read_json(layout.manifest)["sweeps"]
     assert again == manifest["sweeps"]
-    facts = read_json(layout.run_file(RunKey("rate-i16-o4-r2of3max-poisson", "B", 1), "cell.json"))
-    assert facts["arrivals"]["offered_rate"] == pytest.approx(rates["rate-i16-o4-r2of3max-poisson"])
+    facts = read_json(layout.run_file(RunKey("rate-i16-o4-r2of3sweep-poisson", "B", 1), "cell.json"))
+    assert facts["arrivals"]["offered_rate"] == pytest.approx(rates["rate-i16-o4-r2of3sweep-poisson"])
 
     # runs of one point sent at different rates are not compared (x), never averaged together
-    path = layout.run_file(RunKey("rate-i16-o4-r1of3max-poisson", "B", 0), "cell.json")
+    path = layout.run_file(RunKey("rate-i16-o4-r1of3sweep-poisson", "B", 0), "cell.json")
     facts = read_json(path)
     facts["arrivals"]["offered_rate"] *= 2
     write_json(path, facts)
     capsys.readouterr()
     assert main(["report", str(layout.root)]) == 0
-    rows = [r for r in read_json(layout.ab)["rows"] if r["cell_id"] == "rate-i16-o4-r1of3max-poisson"]
+    rows = [r for r in read_json(layout.ab)["rows"] if r["cell_id"] == "rate-i16-o4-r1of3sweep-poisson"]
     assert rows and all(r["mark"] == "x" for r in rows)
 
 
@@ -416,7 +423,7 @@ def test_sweep_without_a_valid_probe_leaves_its_points_missing(fake, tmp_path, c
     assert "sweeps" not in read_json(layout.manifest)
     missing = read_json(layout.summary)["missing_runs"]
     assert sorted(missing) == sorted(
-        f"rate-i16-o4-r{k}of3max-poisson/{t}" for k in (1, 2) for t in ("A.r0", "A.r1", "B.r0", "B.r1")
+        f"rate-i16-o4-r{k}of3sweep-poisson/{t}" for k in (1, 2) for t in ("A.r0", "A.r1", "B.r0", "B.r1")
     )
     assert "has no valid run yet" in capsys.readouterr().err
     fake.configure()
@@ -460,5 +467,6 @@ def test_the_commented_profile_example_is_valid(capsys):
     assert main(["cells", "--profile", "ga100x6-tp2pp3", "--set", f"plan.rate={json.dumps(example)}"]) == 0
     ids = [line.split("\t")[0] for line in capsys.readouterr().out.splitlines()]
     rate = [i for i in ids if i.startswith("rate-")]
-    for part in ("-gamma-b0p5", "-gamma-b2", "r1to8lin", "-d300", "r4of5max", "rinf-poisson"):
+    parts = ("-gamma-b0p5", "-gamma-b2", "r1to8lin", "-d300", "r4of5sweep", "rinf-poisson", "rsync-poisson")
+    for part in parts:
         assert any(part in i for i in rate), part

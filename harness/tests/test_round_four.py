@@ -287,8 +287,9 @@ def test_a_probe_invalid_for_host_load_alone_anchors_the_sweep(tmp_path):
     write_json(other.run_file(RunKey(PROBE, "A", 0), "summary.json"), broken)
     assert sweep.rate_for(other, point, [point]) is None
     why = sweep.unplaced(other, [point])[PROBE]
-    assert why == (
-        f"the sweep points of {PROBE} have no rate: no run of {PROBE} could anchor them (A.r0: {HOST_LOAD})"
+    assert why == (  # the rule that blocked it, not the host load beside it (round six)
+        f"the sweep points of {PROBE} have no rate: every run of {PROBE} broke a rule other than host "
+        "load (A.r0: request 3: HTTP 500)"
     )
 
 
@@ -301,10 +302,9 @@ def test_missing_sweep_points_are_blamed_on_their_probe_not_a_dead_server(fake_s
     finally:
         fake_server.configure()
     last = capsys.readouterr().err.strip().splitlines()[-1]
-    assert last.startswith(f"error: 8 runs missing (the sweep points of {PROBE} have no rate: no run of"), (
-        last
-    )
-    assert "server died" not in last
+    want = f"error: 8 runs missing (the sweep points of {PROBE} have no rate: every run of "
+    assert last.startswith(want), last
+    assert "server died" not in last and "host load" in last  # "a rule other than host load"
 
 
 # defect 7: ratios of zero: no pair dropped, none counted as B/A = 1

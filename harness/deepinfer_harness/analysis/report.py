@@ -352,7 +352,7 @@ def _sweep_line(r: dict[str, Any]) -> tuple[str, float, float, str, str, float] 
     cell = parse_cell(r["cell_id"])
     rate = r.get("offered_rate", cell.rate)
     rate = math.inf if rate == "inf" else rate
-    if cell.ramp or not isinstance(rate, int | float) or not rate > 0:
+    if cell.ramp or cell.synchronous or not isinstance(rate, int | float) or not rate > 0:
         return None
     return cell.arrival, cell.burstiness, cell.duration_s, cell.workload, r["variant"], float(rate)
 
@@ -449,7 +449,7 @@ def rate_verdicts(
             recorded = (decision or {}).get("rates", {}).get(cell_id)
             rate = recorded if recorded is not None else (offered[0] if offered else None)
         else:
-            rate = None if cell.ramp else cell.rate
+            rate = None if cell.ramp or cell.synchronous else cell.rate
         cell_rows = by_cell.get(cell_id, {})
         throughput = cell_rows.get("request_throughput")
         out.append(
@@ -739,10 +739,19 @@ def _rate_verdict_lines(summary: dict[str, Any]) -> list[str]:
         return []
     lines = ["## A/B by offered rate", ""]
     for probe, d in sorted((summary.get("sweeps") or {}).items()):
-        lines.append(
-            f"Sweep: {probe} ({d['probe_run']}) completed {fmt(d['max_rate'])} requests/s; point k/N "
-            f"is sent at k/N of that: {', '.join(f'{cid} {fmt(r)}/s' for cid, r in d['rates'].items())}."
-        )
+        points = ", ".join(f"{cid} {fmt(r)}/s" for cid, r in d["rates"].items() if r is not None)
+        if d.get("sync_rate") is not None:  # GuideLLM's anchor (run/sweep.py)
+            lines.append(
+                f"Sweep: {d['sync_cell']} ({d['sync_run']}) completed S = {fmt(d['sync_rate'])} "
+                f"requests/s one at a time, {probe} ({d['probe_run']}) T = {fmt(d['max_rate'])} all "
+                f"at once; point k/N is sent at S + k/N·(T − S): {points}."
+                + (f" {d['note']}." if d.get("note") else "")
+            )
+        else:  # the former anchor, in runs recorded with it
+            lines.append(
+                f"Sweep: {probe} ({d['probe_run']}) completed {fmt(d['max_rate'])} requests/s; point k/N "
+                f"is sent at k/N of that: {points}."
+            )
     if summary.get("sweeps"):
         lines.append("")
     rows = []
@@ -751,6 +760,8 @@ def _rate_verdict_lines(summary: dict[str, Any]) -> list[str]:
             offered = f"{v['ramp']['strategy']} {fmt(v['ramp']['start_rps'])}→{fmt(v['ramp']['end_rps'])}"
         elif isinstance(v["offered_rate"], int | float):
             offered = fmt(v["offered_rate"]) if math.isfinite(v["offered_rate"]) else "all at once"
+        elif parse_cell(v["cell_id"]).synchronous:
+            offered = "one at a time"
         else:
             offered = "not decided"
         rows.append(

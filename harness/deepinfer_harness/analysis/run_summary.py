@@ -205,11 +205,12 @@ def rate_attainment(
 
 def offered_rate(cell: Cell, arrivals: dict[str, Any]) -> float | None:
     """The rate a rate cell offered: its id's, a sweep point's recorded one (cell.json), none for
-    a ramp (its rate moves: ramp_start_rps → ramp_end_rps)."""
+    a ramp (its rate moves: ramp_start_rps → ramp_end_rps) or a synchronous cell (it offers one
+    request at a time: its achieved rate is what it measures)."""
     if cell.is_sweep_point:
         value = arrivals.get("offered_rate")
         return float(value) if isinstance(value, int | float) else None
-    return None if cell.ramp else cell.rate
+    return None if cell.ramp or cell.synchronous else cell.rate
 
 
 def load_shape(cell: Cell, arrivals: dict[str, Any], measured: int) -> dict[str, Any]:
@@ -229,6 +230,10 @@ def load_shape(cell: Cell, arrivals: dict[str, Any], measured: int) -> dict[str,
     if cell.is_sweep_point:
         sweep = arrivals.get("sweep") or {}
         out |= {"sweep_point": f"{cell.sweep_k}/{cell.sweep_of}", "sweep_probe": sweep.get("probe")}
+        if sweep.get("sync"):
+            out["sweep_sync"] = sweep["sync"]
+    if cell.synchronous:
+        out["synchronous"] = True
     return out
 
 

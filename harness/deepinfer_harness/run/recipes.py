@@ -187,7 +187,7 @@ async def run_rate(ctx: CellContext) -> None:
     if len(offsets) != cdef.n:  # a duration cell's count is its schedule's, fixed by the plan
         ctx.violations.append(f"schedule has {len(offsets)} arrivals, the plan counted {cdef.n}")
         offsets = offsets[: cdef.n]
-    cap = prm.get("max_concurrency")
+    cap = 1 if cell.synchronous else prm.get("max_concurrency")  # synchronous: one at a time
     gate = asyncio.Semaphore(cap) if cap else contextlib.nullcontext()
     late_ms: list[float] = []
     sent_s: list[float] = []
@@ -215,6 +215,7 @@ async def run_rate(ctx: CellContext) -> None:
         "first_offset_s": offsets[0] if offsets else 0.0,
         "send_late_ms_max": max(late_ms, default=0.0),
         "max_concurrency": cap,
+        "synchronous": cell.synchronous or None,
         "burstiness": cell.burstiness or None,
         "ramp": (
             {"strategy": cell.ramp, "start_rps": cell.rate, "end_rps": cell.ramp_end} if cell.ramp else None
@@ -227,7 +228,9 @@ async def run_rate(ctx: CellContext) -> None:
         # the same scheduled requests); this many were
         "sent_after_duration": sum(1 for t in sent_s if t >= cell.duration_s) if cell.duration_s else 0,
         "sweep": (
-            {"k": cell.sweep_k, "of": cell.sweep_of, "probe": cdef.sweep_probe} if cell.sweep_of else None
+            {"k": cell.sweep_k, "of": cell.sweep_of, "probe": cdef.sweep_probe, "sync": cdef.sweep_sync}
+            if cell.sweep_of
+            else None
         ),
     }
 

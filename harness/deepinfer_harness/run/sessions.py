@@ -225,10 +225,11 @@ async def run_session(
             if cdef.cell.is_sweep_point:  # its rate: the run's recorded sweep decision (run/sweep.py)
                 offered = rate_for(layout, cdef, cells)
                 if offered is None:
+                    anchors = " and ".join(a for a in (cdef.sweep_sync, cdef.sweep_probe) if a)
                     opts.say(
-                        f"{key}: not run: its rate is k/N of the throughput of {cdef.sweep_probe}, which "
-                        "has no valid run yet, nor one invalid for host load alone (resume runs it once "
-                        "one exists)"
+                        f"{key}: not run: its rate is placed from the measured rates of {anchors}, and "
+                        "one has no valid run yet, nor one invalid for host load alone (resume runs it "
+                        "once one exists)"
                     )
                     continue
             layout.retire(key)
@@ -352,8 +353,12 @@ def run_all(
 def describe_load(c: CellDef) -> str:
     """A rate cell's load in words: its rate (or ramp, or sweep point), process and bound."""
     cell = c.cell
-    if cell.is_sweep_point:
+    if cell.is_sweep_point and c.sweep_sync:
+        rate = f"S + {cell.sweep_k}/{cell.sweep_of}·(T − S) (S: {c.sweep_sync}, T: {c.sweep_probe}, measured)"
+    elif cell.is_sweep_point:
         rate = f"{cell.sweep_k}/{cell.sweep_of} of {c.sweep_probe}'s measured requests/s"
+    elif cell.synchronous:
+        rate = "one request at a time (synchronous)"
     elif cell.ramp:
         rate = f"{cell.ramp} ramp {cell.rate:g}→{cell.ramp_end:g}/s"
     else:
