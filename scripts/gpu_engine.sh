@@ -66,22 +66,35 @@ setup() {
   tar xzf "$BUNDLE/vllm-base.tar.gz" -C "$E2E/sites/base/site"
   cp -a "$E2E/sites/base/site/." "$E2E/sites/optimized/site/"
   tar xzf "$BUNDLE/vllm-optimized-delta.tar.gz" -C "$E2E/sites/optimized/site"
+  local adopt=1
   if [ -n "${GPU_ENGINE_MODEL:-}" ]; then  # an existing checkpoint (the dry run reuses make tiny-model's)
-    ln -s "$(realpath "$GPU_ENGINE_MODEL")" "$E2E/tiny-v41"
+    ln -s "$(realpath "$GPU_ENGINE_MODEL")" "$E2E/tiny-v41"; adopt=0  # never written to
   else
     PYTHONPATH="$PWD/harness:$PWD/overlay" "$PY" scripts/make_tiny_v41.py --out "$E2E/tiny-v41"
   fi
-  PYTHONPATH="$PWD/overlay" "$PY" - "$E2E/tiny-v41" "$OUT_DIR/setup.json" <<'EOF'
-import json, sys, time
+  # The drafter's distillation does not reproduce here (gpu_engine_bundle.drafter_file): the checkpoint as
+  # generated is hashed and recorded, then make tiny-model's Markov head (carried) is written over its own.
+  ADOPT=$adopt PYTHONPATH="$PWD/overlay:$PWD/scripts" "$PY" - "$E2E/tiny-v41" "$OUT_DIR/setup.json" "$BUNDLE" <<'EOF'
+import json, os, sys, time
 from pathlib import Path
-from deepinfer_sm80.testing.e2e.gpu import shard_sha256
+from deepinfer_sm80.testing.e2e.gpu import SHARD, shard_sha256
 from deepinfer_sm80.testing.provenance import provenance
 t = time.perf_counter()
+model, bundle = Path(sys.argv[1]), Path(sys.argv[3])
 versions = Path(sys.argv[2]).with_name("versions.json")
+generated = {"sha256": shard_sha256(model), "manifest": json.loads((model / "tiny_v41.json").read_text())}
+adopted = None
+if os.environ.get("ADOPT") == "1" and (bundle / "drafter.safetensors").exists():
+    from safetensors import safe_open
+    from tiny_v41_drafter import patch_tensors
+    with safe_open(str(bundle / "drafter.safetensors"), "pt") as f:
+        adopted = dict(f.metadata())
+        patch_tensors(model / SHARD, {k: f.get_tensor(k) for k in f.keys()})
+        adopted["tensors"] = sorted(f.keys())
 info = {"versions": json.loads(versions.read_text()) if versions.exists() else None,
-        "provenance": provenance("bash scripts/gpu_engine.sh $OUT"), "checkpoint_sha256": shard_sha256(Path(sys.argv[1])),
-        "checkpoint_manifest": json.loads((Path(sys.argv[1]) / "tiny_v41.json").read_text()),
-        "sha_s": time.perf_counter() - t,
+        "provenance": provenance("bash scripts/gpu_engine.sh $OUT"), "checkpoint_sha256": shard_sha256(model),
+        "checkpoint_manifest": generated["manifest"], "checkpoint_as_generated_sha256": generated["sha256"],
+        "drafter_adopted_from_make_tiny_model": adopted, "sha_s": time.perf_counter() - t,
         "note": "torch/triton are the device image's (not the project's pins torch 2.13 / triton 3.7.1)"}
 Path(sys.argv[2]).write_text(json.dumps(info, indent=1))
 versions.unlink(missing_ok=True)  # folded into setup.json: at most 8 files come back from a call

@@ -2,16 +2,18 @@
 run vLLM 0.32.0's engine on the tiny V4.1 checkpoint (issue 38, scripts/gpu_engine.sh, docs/GPU_ENGINE.md).
 
 Usage: python scripts/gpu_engine_bundle.py [--out .cache/gpu-engine] [--work /tmp/gpu-engine-tree]
-Writes OUT/{vllm-base.tar.gz, vllm-optimized-delta.tar.gz, wheels/*.whl, manifest.json, READY}:
-- vllm-base.tar.gz: the sha-checked official wheel's Python tree (`vllm/` without `third_party/`, and its
-  dist-info) with patch 00 applied, built by the e2e tree builder (`testing/e2e/tree.prepare`, the same
-  strict `patch --fuzz=0`), minus the CPU run's compiled `.so` files and with its one CPU-only scratch edit
-  undone (the GPU serves upstream's assert unchanged);
+Writes OUT/{vllm-base.tar.gz, vllm-optimized-delta.tar.gz, wheels/*.whl, drafter.safetensors, manifest.json,
+READY}:
+- vllm-base.tar.gz: the sha-checked official wheel's Python tree (`vllm/` without `third_party/` but for
+  its pure-Python THIRD_PARTY modules, and its dist-info) with patch 00 applied, built by the e2e tree
+  builder (`testing/e2e/tree.prepare`, the same strict `patch --fuzz=0`), minus the CPU run's compiled
+  `.so` files and with its one CPU-only scratch edit undone (the GPU serves upstream's assert unchanged);
 - vllm-optimized-delta.tar.gz: the files patch 01 adds or changes on top of that (the device copies the
   base site and unpacks this over it);
 - wheels: the light dependencies the engine imports that the GPU image lacks or holds at other versions
   (ENGINE_WHEELS: the venv's versions, Python 3.12 manylinux builds), installed there with
-  `pip install --no-index --no-deps --target`.
+  `pip install --no-index --no-deps --target`;
+- drafter.safetensors: the DSpark Markov head of `make tiny-model`'s checkpoint (`drafter_file`).
 The bundle travels as a carried path (64 MiB per call with the working tree): the script prints its size.
 """
 
@@ -75,6 +77,14 @@ PLATFORMS = [f"manylinux_2_{n}_x86_64" for n in (5, 17, 24, 26, 27, 28, 31, 34, 
     "manylinux1_x86_64",
 ]
 SKIP_PARTS = ("vllm/third_party/",)
+# ...but these pure-Python parts of it travel, read from the sha-checked official wheel and checked
+# against its RECORD: `vllm.third_party.pynvml` is how vLLM detects the CUDA platform
+# (`platforms/__init__.py`, `utils/import_utils.import_pynvml`; without it vLLM resolved no platform on
+# the device, 2026-12-07: "Device string must not be empty"); flash_linear_attention and
+# triton_kernels are Triton-only modules that layers import on some paths. The rest of third_party
+# (DeepGEMM, FMHA-SM100, FA4, FlashMLA) holds compiled or sm_90+/sm_100 kernels.
+THIRD_PARTY = ("vllm/third_party/__init__.py", "vllm/third_party/pynvml.py")
+THIRD_PARTY_TREES = ("vllm/third_party/flash_linear_attention/", "vllm/third_party/triton_kernels/")
 
 
 def sha256_of(path: Path) -> str:
@@ -99,6 +109,57 @@ def site_files(site: Path) -> dict[str, bytes]:
             data = data.decode().replace(new, old).encode()
         out[rel] = data
     return out
+
+
+def third_party_files() -> dict[str, bytes]:
+    """THIRD_PARTY and the `.py` files under THIRD_PARTY_TREES, from the pinned wheel, RECORD-checked."""
+    import zipfile
+
+    from deepinfer_sm80.testing.e2e.tree import _scripts
+
+    make_patches, pins = _scripts()
+    tree = make_patches.open_tree(make_patches.default_tree())  # checks the extracted tree's wheel sha
+    wheel = ROOT / ".cache" / "wheels" / pins.load_pins()["VLLM_WHEEL"]
+    if sha256_of(wheel) != pins.load_pins()["VLLM_WHEEL_SHA256"]:
+        raise SystemExit(f"gpu-engine-bundle: {wheel} is not the pinned wheel (VLLM_WHEEL_SHA256)")
+    out: dict[str, bytes] = {}
+    with zipfile.ZipFile(wheel) as zf:
+        for rel in zf.namelist():
+            if rel in THIRD_PARTY or (rel.startswith(THIRD_PARTY_TREES) and rel.endswith(".py")):
+                data = zf.read(rel)
+                if make_patches.record_hash(data) != tree.record.get(rel):
+                    raise SystemExit(f"gpu-engine-bundle: {rel} differs from the wheel's RECORD")
+                out[rel] = data
+    missing = set(THIRD_PARTY) - set(out)
+    if missing:
+        raise SystemExit(f"gpu-engine-bundle: the wheel lacks {sorted(missing)}")
+    return out
+
+
+def drafter_file(model: Path, out: Path) -> dict:
+    """The DSpark Markov head of `make tiny-model`'s checkpoint (its `markov_head` tensors) -> `out`.
+
+    The device runs the same recipe (scripts/make_tiny_v41.py), but the drafter's distillation did not
+    reproduce there (2026-12-07, torch 2.11 on 16 cores: map 0947c037…, 240 samples, against 9e784fd5…,
+    235 here), so the device script writes these tensors over its own and records both; every other
+    tensor is seeded and must match byte for byte (the shard's sha256 says whether it does)."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    from deepinfer_sm80.testing.e2e.gpu import CPU_SHARD_SHA256, SHARD, shard_sha256
+
+    if shard_sha256(model) != CPU_SHARD_SHA256:
+        raise SystemExit(f"gpu-engine-bundle: {model}/{SHARD} is not gpu.CPU_SHARD_SHA256 (make tiny-model)")
+    manifest = json.loads((model / "tiny_v41.json").read_text())
+    with safe_open(str(model / SHARD), "pt") as f:
+        tensors = {k: f.get_tensor(k) for k in f.keys() if ".markov_head." in k}
+    meta = {
+        "shard_sha256": CPU_SHARD_SHA256,
+        "recipe": manifest["recipe"],
+        "drafter": json.dumps(manifest["drafter"]),
+    }
+    save_file(tensors, str(out), metadata=meta)
+    return {"tensors": sorted(tensors), **meta}
 
 
 def write_tar(files: dict[str, bytes], out: Path) -> None:
@@ -139,12 +200,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=ROOT / ".cache" / "gpu-engine")
     ap.add_argument("--work", type=Path, default=Path("/tmp/gpu-engine-tree"))
     ap.add_argument("--wheels-from", type=Path, default=None, help="copy wheels from here instead of pip")
+    ap.add_argument(
+        "--model", type=Path, default=ROOT / ".cache" / "tiny-v41", help="make tiny-model's output"
+    )
     args = ap.parse_args(argv)
     from deepinfer_sm80.testing.e2e.tree import TreeError, prepare
 
     try:
-        base = site_files(prepare("base", args.work))
-        optimized = site_files(prepare("optimized", args.work))
+        third_party = third_party_files()
+        base = site_files(prepare("base", args.work)) | third_party
+        optimized = site_files(prepare("optimized", args.work)) | third_party
     except TreeError as err:
         print(f"gpu-engine-bundle: {err}", file=sys.stderr)
         return 1
@@ -153,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     (out / "READY").unlink(missing_ok=True)
     delta = {rel: data for rel, data in optimized.items() if base.get(rel) != data}
     gone = sorted(set(base) - set(optimized))
+    drafter = drafter_file(args.model, out / "drafter.safetensors")
     write_tar(base, out / "vllm-base.tar.gz")
     write_tar(delta, out / "vllm-optimized-delta.tar.gz")
     wheels = out / "wheels"
@@ -172,6 +238,8 @@ def main(argv: list[str] | None = None) -> int:
         "wheels": list(ENGINE_WHEELS),
         "optimized_delta_files": sorted(delta),
         "optimized_removes": gone,
+        "third_party": sorted(third_party),
+        "drafter": drafter,
         "files": {str(p.relative_to(out)): sha256_of(p) for p in files},
         "bytes": sum(p.stat().st_size for p in files),
     }
