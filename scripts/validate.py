@@ -5,6 +5,8 @@
 Steps, in order (docs/VALIDATE.md); each records pass / fail / skipped with its numbers:
 
   CPU  1 environment      GPU(s), driver, capability, torch / triton / vLLM / our revision, binding rows
+  CPU  1b ray-cluster     a multi-node cluster's Ray view (`ray status`): its nodes and GPUs, before serving
+                          (with --ray-address or RAY_ADDRESS; skipped on one node)
   CPU  2 pipeline-plans   replication plans for 14,14,12, 20,20, 13,14,13, 8,12,20 (and the tiny model's)
   CPU  3 tiny-checkpoint  build the tiny random-weight V4.1 checkpoint (scripts/make_tiny_v41.py)
   CPU  3b engram-memory   Engram tables vs host memory this node can pin (--engram-config: the real one)
@@ -186,6 +188,57 @@ def step_environment(ctx: dict) -> dict:
         detail["bindings"] = bindings.describe(cap)
     except Exception as err:
         detail["bindings"] = f"unavailable: {type(err).__name__}: {err}"
+    return detail
+
+
+# ----------------------------------------------------------------------------- Ray cluster
+RAY_NODES, RAY_GPUS = 2, 16  # the two-node deployment (a800x16-tp8pp2: TP8 x PP2 over two 8-GPU nodes)
+
+
+def ray_view(status_text: str) -> dict[str, Any]:
+    """`ray status`'s view: the active nodes and each resource's total ("Total Usage:" lines `used/total
+    NAME`; memory sizes are left out)."""
+    import re
+
+    nodes, resources, section = 0, {}, ""
+    for line in status_text.splitlines():
+        stripped = line.strip()
+        if stripped.endswith(":") and not stripped[0].isdigit():
+            section = stripped[:-1]
+            continue
+        if section == "Active":
+            m = re.match(r"(\d+) node_", stripped)
+            nodes += int(m.group(1)) if m else 0
+        elif section == "Total Usage":
+            m = re.match(r"[\d.]+/([\d.]+) (\w+)", stripped)
+            if m:
+                resources[m.group(2)] = float(m.group(1))
+    return {"active_nodes": nodes, "resources": resources}
+
+
+def step_ray_cluster(ctx: dict) -> dict:
+    """Before a multi-node `vllm serve --distributed-executor-backend ray`: the cluster holds the nodes and
+    GPUs the deployment asks for (vLLM would otherwise wait up to 30 min for its placement group)."""
+    address = ctx.get("ray_address")
+    if not address:
+        raise SkipStep("no Ray cluster named (--ray-address or RAY_ADDRESS): a one-node run")
+    ray = shutil.which("ray")
+    if ray is None:
+        raise AssertionError("`ray` is not installed here (the image carries it; make setup installs it)")
+    code, text = run([ray, "status", "--address", address], timeout=120)
+    if code != 0:
+        raise AssertionError(f"`ray status --address {address}` exited {code}: {text.strip()[-300:]}")
+    view = ray_view(text)
+    want_nodes, want_gpus = ctx.get("ray_nodes", RAY_NODES), ctx.get("ray_gpus", RAY_GPUS)
+    gpus = view["resources"].get("GPU", 0.0)
+    detail = view | {"address": address, "want_nodes": want_nodes, "want_gpus": want_gpus}
+    if view["active_nodes"] < want_nodes or gpus < want_gpus:
+        raise StepFailure(
+            f"Ray at {address} has {view['active_nodes']} active node(s) and {gpus:g} GPU(s); the deployment "
+            f"needs {want_nodes} and {want_gpus} (start every node's `ray start`, check VLLM_HOST_IP and "
+            "the node's --node-ip-address: docker/README.md)",
+            detail,
+        )
     return detail
 
 
@@ -508,6 +561,7 @@ class SkipStep(Exception):
 def steps() -> list[tuple[Step, Callable[[dict], dict]]]:
     out = [
         (Step("environment", False), step_environment),
+        (Step("ray-cluster", False), step_ray_cluster),
         (Step("pipeline-plans", False), step_plans),
         (Step("tiny-checkpoint", False), step_tiny),
         (Step("engram-memory", False), step_engram_memory),
@@ -531,6 +585,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip", default="", help="comma-separated step names to skip (e.g. tiny-loads)")
     ap.add_argument("--engram-config", help="config.json of the checkpoint to serve (Engram host memory)")
     ap.add_argument("--dp-per-node", type=int, default=1, help="DP replicas per node (Engram tables each)")
+    ap.add_argument(
+        "--ray-address", default=os.environ.get("RAY_ADDRESS"), help="check this Ray cluster's nodes and GPUs"
+    )
+    ap.add_argument("--ray-nodes", type=int, default=RAY_NODES, help="active Ray nodes the cluster must have")
+    ap.add_argument("--ray-gpus", type=int, default=RAY_GPUS, help="GPUs the Ray cluster must have")
     args = ap.parse_args(argv)
     if args.engram_config and not Path(args.engram_config).exists():
         print(f"error: --engram-config: {args.engram_config} does not exist", file=sys.stderr)
@@ -552,7 +611,9 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_OK
     out.mkdir(parents=True, exist_ok=True)
     ctx = {"out": out, "model": model, "gpus": gpus(), "dp_per_node": args.dp_per_node,
-           "engram_config": Path(args.engram_config).resolve() if args.engram_config else None}  # fmt: skip
+           "engram_config": Path(args.engram_config).resolve() if args.engram_config else None,
+           "ray_address": args.ray_address, "ray_nodes": args.ray_nodes,
+           "ray_gpus": args.ray_gpus}  # fmt: skip
     stopped = ""
     failed = False
     for step, fn in plan:

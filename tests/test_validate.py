@@ -247,3 +247,56 @@ def test_serve_step_without_reference_fails(tmp_path: Path, monkeypatch: pytest.
     plan = dict((s.name, fn) for s, fn in validate.steps())
     with pytest.raises(validate.StepFailure, match="serve-tp1 recorded no greedy tokens"):
         plan["serve-pp2"](_ctx(tmp_path, 2))
+
+
+# `ray status` of the e2e Ray case's two CPU nodes (Ray 2.56.1), and the same view of a GPU pair
+RAY_STATUS_CPU = """======== Autoscaler status: 2026-12-07 17:12:00.313890 ========
+Node status
+---------------------------------------------------------------
+Active:
+ 1 node_1d4ae9e9255795c6c805ba7c4f8d559fc93ed39fb64a377ded566e53
+ 1 node_d27bd733d2f66fe3afa7bea544b5a8e1217675a0479e4ab0bd2c853c
+Pending:
+ (no pending nodes)
+Recent failures:
+ (no failures)
+
+Resources
+---------------------------------------------------------------
+Total Usage:
+ 0.0/2.0 CPU
+ 2.0/2.0 deepinfer_cpu_device (2.0 used of 2.0 reserved in placement groups)
+ 0B/21.43GiB memory
+ 0B/200.00MiB object_store_memory
+
+From request_resources:
+ (none)
+Pending Demands:
+ (no resource demands)
+"""
+
+
+def test_ray_view_reads_nodes_and_resources() -> None:
+    view = validate.ray_view(RAY_STATUS_CPU)
+    assert view == {"active_nodes": 2, "resources": {"CPU": 2.0, "deepinfer_cpu_device": 2.0}}
+    gpu = RAY_STATUS_CPU.replace(" 0.0/2.0 CPU\n", " 0.0/256.0 CPU\n 0.0/16.0 GPU\n")
+    assert validate.ray_view(gpu)["resources"]["GPU"] == 16.0
+
+
+def test_ray_cluster_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Skipped without a cluster; fails naming what `ray status` shows when nodes or GPUs are missing."""
+    with pytest.raises(validate.SkipStep, match="no Ray cluster"):
+        validate.step_ray_cluster({"ray_address": None})
+    monkeypatch.setattr(validate.shutil, "which", lambda name: "/bin/ray")
+    monkeypatch.setattr(validate, "run", lambda cmd, timeout: (0, RAY_STATUS_CPU))
+    with pytest.raises(
+        validate.StepFailure, match=r"2 active node\(s\) and 0 GPU\(s\); the deployment needs 2 and 16"
+    ):
+        validate.step_ray_cluster({"ray_address": "head:6379"})
+    two_gpu_nodes = RAY_STATUS_CPU.replace(" 0.0/2.0 CPU\n", " 0.0/16.0 GPU\n")
+    monkeypatch.setattr(validate, "run", lambda cmd, timeout: (0, two_gpu_nodes))
+    assert validate.step_ray_cluster({"ray_address": "h:1"})["active_nodes"] == 2
+    one_node = two_gpu_nodes.replace(" 1 node_d27b", " (gone) node_d27b")
+    monkeypatch.setattr(validate, "run", lambda cmd, timeout: (0, one_node))
+    with pytest.raises(validate.StepFailure, match=r"1 active node\(s\)"):
+        validate.step_ray_cluster({"ray_address": "h:1"})
