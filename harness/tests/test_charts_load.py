@@ -276,6 +276,7 @@ def test_a_load_run_draws_its_charts_byte_identically_and_says_what_it_skips(loa
     assert notes == [
         "run: throughput_ab not drawn: no prefill or decode throughput row",
         "run: decode_scaling not drawn: no valid decode cell",
+        "run: ramp_over_time not drawn: no valid ramp cell with a recorded timeline",
         "run: nll_deltas not drawn: no NLL cell with an A/B pair",
     ]
     again = charts_for_run(load_run.root, tmp_path / "c2")
@@ -299,7 +300,7 @@ def test_goodput_chart_names_the_slo_and_the_labels(load_run):
     draw = {name: fn for name, _, fn in run_charts(summary, ab)}
     fig = draw["goodput_vs_rate"]()
     assert "SLO: TTFT ≤ 14 ms" in fig._suptitle.get_text()
-    legend = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]  # one legend, below the panels
     assert "A: stock" in legend and "B: tuned" in legend
     plt.close(fig)
 

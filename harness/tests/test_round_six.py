@@ -18,6 +18,7 @@ from deepinfer_harness.lengths import arrival_offsets_s
 from deepinfer_harness.manifest import DefinitionMismatch, init_manifest
 from deepinfer_harness.plan import CellDef, abba_schedule
 from deepinfer_harness.run import sweep
+from deepinfer_harness.run.recipes import TIMELINE_BINS
 
 from .test_client_fake import run_cell
 
@@ -216,3 +217,162 @@ def test_a_run_recorded_with_the_former_sweep_anchor_refuses_to_resume(tmp_path)
     with pytest.raises(DefinitionMismatch, match="GuideLLM's S to T") as err:
         init_manifest(layout, profile, cells, abba_schedule(1), "run", "m", None)
     assert "\n" not in str(err.value) and "rate-i1k-o128-r1of2max-poisson" in str(err.value)
+
+
+# --- charts: ramps over time, duration cells at the rate sent, goodput legend, compare's join --
+
+
+def test_a_ramp_run_records_its_timeline_and_the_chart_draws_it(fake, tmp_path):
+    import pandas as pd
+
+    from deepinfer_harness.analysis.charts import ramp_frame, ramp_over_time
+
+    cell = Cell("rate", 16, 4, 1, rate=20.0, arrival="poisson", ramp="linear", ramp_end=200.0)
+    _, summary = run_cell(fake, tmp_path, cell, n=40, warmup=0, params={"isl": 16, "osl": 4, "seed": 0})
+    bins = summary["timeline"]
+    assert summary["validity"]["valid"], summary["validity"]
+    width = bins[0]["t_end_s"] - bins[0]["t_start_s"]
+    assert sum(b["offered_rps"] for b in bins) * width == pytest.approx(40)  # every scheduled arrival
+    assert sum(b["sent_rps"] for b in bins) * width == pytest.approx(40)
+    assert sum(b["completed_rps"] for b in bins) * width == pytest.approx(summary["completed"])
+    scheduled = bins[:TIMELINE_BINS]  # the schedule's span; later bins hold the last completions
+    assert all(b["offered_rps"] == 0 for b in bins[TIMELINE_BINS:])
+    early = sum(b["offered_rps"] for b in scheduled[:5])
+    assert sum(b["offered_rps"] for b in scheduled[-5:]) > early  # the offered rate ramps up
+    assert any(b["median_ttft_ms"] for b in bins) and any(b["median_e2el_ms"] for b in bins)
+    frame = ramp_frame(
+        pd.DataFrame([summary | {"variant": "A", "rep": 0}, summary | {"variant": "B", "rep": 0}])
+    )
+    assert len(frame) == 2 * len(bins) and set(frame["variant"]) == {"A", "B"}
+    fig = ramp_over_time(frame, {"A": "A: a", "B": "B: b"})
+    rate_ax, lat_ax = fig.axes[:2]
+    assert cell.id in rate_ax.get_title() and cell.id in lat_ax.get_title()
+    completed = next(ln for ln in rate_ax.get_lines() if ln.get_label() == "A: a: completed")
+    assert list(completed.get_ydata()) == pytest.approx([b["completed_rps"] for b in bins])
+    ttft = next(ln for ln in lat_ax.get_lines() if ln.get_label() == "A: a: median TTFT")
+    want = [b["median_ttft_ms"] if b["median_ttft_ms"] is not None else float("nan") for b in bins]
+    assert list(ttft.get_ydata()) == pytest.approx(want, nan_ok=True)
+    assert all(ax.get_legend() is None for ax in fig.axes) and fig.legends
+
+
+def test_duration_cells_are_labelled_and_sit_at_the_rate_they_sent(fake, tmp_path):
+    import pandas as pd
+
+    from deepinfer_harness.analysis.charts import rate_frame, rate_series
+
+    cell = Cell("rate", 16, 4, 1, rate=40.0, arrival="poisson", duration_s=0.5)
+    n = len(schedule(cell, 0, 3))
+    _, summary = run_cell(fake, tmp_path, cell, n=n, warmup=0, params={"isl": 16, "osl": 4, "seed": 0})
+    assert summary["sent_rate"] == pytest.approx(summary["sent_requests"] / 0.5)
+    assert rate_series(cell.id) == "i16-o4-poisson, 0.5 s each, at the rate sent"
+    rows = [
+        summary | {"variant": "A", "rep": 0, "sent_rate": 37.0},
+        {"cell_id": "rate-i16-o4-r40-poisson", "kind": "rate", "variant": "A", "offered_rate": 40.0},
+        # a run recorded before sent_rate: its sent requests over its bound
+        summary | {"variant": "B", "rep": 0, "sent_rate": None, "sent_requests": 21},
+    ]
+    d = rate_frame(pd.DataFrame(rows))
+    assert list(d["rate"]) == [37.0, 40.0, 42.0]
+    assert d["series"].tolist()[1] == "i16-o4-poisson" != d["series"].tolist()[0]
+
+
+def test_the_goodput_legend_is_off_the_data():
+    import pandas as pd
+
+    from deepinfer_harness.analysis.charts import goodput_vs_rate, rate_frame
+
+    rows = [
+        {
+            "cell_id": f"rate-i16-o4-r{r}-poisson",
+            "kind": "rate",
+            "variant": v,
+            "rep": k,
+            "offered_rate": float(r),
+            "goodput_req_s": r * 0.9,
+            "slo_attainment": 0.9,
+            "request_throughput": r * 1.0,
+            "slo": {"ttft_ms": 50.0},
+        }
+        for r in (1, 2, 4)
+        for v in "AB"
+        for k in range(3)
+    ]
+    fig = goodput_vs_rate(rate_frame(pd.DataFrame(rows)), {"A": "A: a", "B": "B: b"})
+    assert all(ax.get_legend() is None for ax in fig.axes)
+    (legend,) = fig.legends
+    texts = [t.get_text() for t in legend.get_texts()]
+    assert "A: a" in texts and "B: b: achieved request rate" in texts
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    legend_top = legend.get_window_extent(renderer).y1
+    assert all(legend_top <= ax.get_window_extent(renderer).y0 for ax in fig.axes)  # below every panel
+
+
+def _compare_run(tmp_path, name: str, points: dict[str, float]):
+    from deepinfer_harness.analysis.compare import Run
+
+    rows = []
+    for cell_id, rate in points.items():
+        for v in "AB":
+            for k in range(2):
+                rows.append(
+                    {
+                        "cell_id": cell_id,
+                        "kind": "rate",
+                        "variant": v,
+                        "rep": k,
+                        "validity": {"valid": True},
+                        "offered_rate": rate,
+                        "request_throughput": rate * 0.98,
+                        "p50_ttft_ms": 10 + rate,
+                        "p50_tpot_ms": 2.0,
+                        "p50_itl_ms": 2.0,
+                        "p50_e2el_ms": 20 + rate,
+                    }
+                )
+    return Run(tmp_path / name, name, {"runs": rows, "provenance": {}}, {}, {})
+
+
+def test_compare_joins_sweep_points_by_their_measured_rate_not_their_id(tmp_path):
+    from deepinfer_harness.analysis.compare import compare_rows
+
+    p1, p2 = "rate-i16-o4-r1of3sweep-poisson", "rate-i16-o4-r2of3sweep-poisson"
+    one = _compare_run(tmp_path, "one", {p1: 4.0, p2: 8.0, "rate-i16-o4-r2-poisson": 2.0})
+    two = _compare_run(tmp_path, "two", {p1: 7.9, p2: 12.0, "rate-i16-o4-r2-poisson": 2.0})
+    rows = {(r["cell_id"], r["metric"]): r for r in compare_rows([one, two])}
+    at8 = rows[("rate-i16-o4-poisson @ 8/s", "request_throughput")]["runs"]
+    assert at8[0]["cell_id"] == p2 and at8[1]["cell_id"] == p1  # two's 1of3 was sent at one's 2of3 rate
+    assert at8[1]["rate"] == pytest.approx(7.9) and "vs_reference" in at8[1]
+    assert [e["present"] for e in rows[("rate-i16-o4-poisson @ 4/s", "request_throughput")]["runs"]] == [
+        True,
+        False,
+    ]
+    assert [e["present"] for e in rows[("rate-i16-o4-poisson @ 12/s", "request_throughput")]["runs"]] == [
+        False,
+        True,
+    ]
+    assert ("rate-i16-o4-r2-poisson", "request_throughput") in rows  # a fixed rate joins by its id
+    assert not any(key.startswith(p1) for key, _ in rows)
+
+
+def test_compare_overlays_latency_vs_rate_across_runs_at_the_measured_rates(tmp_path):
+    from deepinfer_harness.analysis.charts import latency_vs_rate_runs
+    from deepinfer_harness.analysis.compare import rate_overlay_frame, write_charts
+
+    p1, p2 = "rate-i16-o4-r1of3sweep-poisson", "rate-i16-o4-r2of3sweep-poisson"
+    runs = [
+        _compare_run(tmp_path, "one", {p1: 4.0, p2: 8.0}),
+        _compare_run(tmp_path, "two", {p1: 7.9, p2: 12.0}),
+    ]
+    frame = rate_overlay_frame(runs)
+    assert sorted(frame[frame["run"] == "two"]["rate"].unique()) == [7.9, 12.0]
+    fig = latency_vs_rate_runs(frame, ["one", "two"])
+    ttft = fig.axes[0]
+    assert ttft.get_title() == "median TTFT"
+    lines = {ln.get_label(): ln for ln in ttft.get_lines()}
+    assert list(lines["two · A"].get_xdata()) == [7.9, 12.0]
+    assert list(lines["one · B"].get_ydata()) == pytest.approx([14.0, 18.0])
+    notes: list[str] = []
+    written = write_charts(runs, tmp_path / "out", notes)
+    assert {p.stem for p in written} == {"06_latency_vs_rate"}
+    assert "06_latency_vs_rate not drawn" not in " ".join(notes)

@@ -154,12 +154,19 @@ _RAMP = re.compile(r"^[\dp]+to[\dp]+(lin|exp)$")
 
 def rate_series(cell_id: str) -> str | None:
     """The family of an open-loop cell: its id without the rate (`i1k-o128-poisson`, `i1k-o128-
-    gamma-b0p5-wcode`), so fixed rates and sweep points of one shape share a line; None for a
-    ramp, whose offered rate moves during the cell (no single x)."""
+    gamma-b0p5-wcode`), so fixed rates and sweep points of one shape share a line; a duration-
+    bounded family says so in words (`i1k-o128-poisson, 60 s each, at the rate sent`); None for a
+    ramp, whose offered rate moves during the cell (no single x: `ramp_frame` charts it over time),
+    and for the synchronous cell (one request at a time: no offered rate)."""
     m = _RATE_ID.match(cell_id)
-    if not m or _RAMP.match(m.group(2)):
+    if not m or _RAMP.match(m.group(2)) or m.group(2) == "sync":
         return None
-    return m.group(1) + (m.group(3) or "")
+    rest = m.group(3) or ""
+    bound = re.search(r"-d([\dp]+)", rest)
+    if bound is None:
+        return m.group(1) + rest
+    seconds = bound.group(1).replace("p", ".")
+    return f"{m.group(1)}{rest.replace(bound.group(0), '')}, {seconds} s each, at the rate sent"
 
 
 def _with(runs: pd.DataFrame, column: str, fn: Callable[[str], Any]) -> pd.DataFrame:
@@ -288,16 +295,117 @@ def _rate(x: Any) -> float | None:
     return float(x) if isinstance(x, int | float) and not isinstance(x, bool) and x > 0 else None
 
 
+def sent_rate(run: dict[str, Any]) -> float | None:
+    """The rate a duration-bounded run actually sent (its schedule's count in [0, D) over D),
+    None for any other run. Runs recorded before `sent_rate` was written: sent_requests / D."""
+    bound = number(run.get("duration_bound_s"))
+    if not (isinstance(bound, int | float) and bound > 0):
+        return None
+    value = _rate(run.get("sent_rate"))
+    if value is None and isinstance(run.get("sent_requests"), int | float):
+        value = _rate(run["sent_requests"] / bound)
+    return value
+
+
 def rate_frame(runs: pd.DataFrame) -> pd.DataFrame:
-    """The open-loop runs that sit on an offered-rate axis (no ramp), with `series` and `rate`."""
+    """The open-loop runs that sit on a rate axis (no ramp, no synchronous cell), with `series`
+    and `rate`: the offered rate (a sweep point's recorded one), or for a duration-bounded run
+    the rate it actually sent (`sent_rate`), which its series label says."""
     if runs.empty or "kind" not in runs:
         return pd.DataFrame()
     d = runs[runs["kind"] == "rate"].copy()
     if d.empty or "offered_rate" not in d:
         return pd.DataFrame()
     d["series"] = [rate_series(c) for c in d["cell_id"]]
-    d["rate"] = [_rate(x) for x in d["offered_rate"]]
+    rows = d.to_dict("records")
+    d["rate"] = [sent_rate(r) if sent_rate(r) is not None else _rate(r["offered_rate"]) for r in rows]
     return d[d["series"].notna() & d["rate"].notna()]
+
+
+def ramp_frame(runs: pd.DataFrame) -> pd.DataFrame:
+    """Every valid ramp run's timeline (run_summary.ramp_timeline), one row per run and bin:
+    cell_id, variant, rep, t_mid_s, offered_rps, sent_rps, completed_rps, median_ttft_ms,
+    median_e2el_ms. Empty when no ramp run carries one."""
+    columns = ["cell_id", "variant", "rep", "t_mid_s", "offered_rps", "sent_rps", "completed_rps"]
+    columns += ["median_ttft_ms", "median_e2el_ms"]
+    out = []
+    if not runs.empty and "timeline" in runs:
+        for r in runs.to_dict("records"):
+            if not isinstance(r.get("timeline"), list):
+                continue
+            for b in r["timeline"]:
+                mid = (b["t_start_s"] + b["t_end_s"]) / 2
+                row = {"cell_id": r["cell_id"], "variant": r["variant"], "rep": r.get("rep"), "t_mid_s": mid}
+                out.append(row | {k: number(b.get(k)) for k in columns[4:]})
+    return pd.DataFrame(out, columns=columns)
+
+
+def ramp_over_time(frame: pd.DataFrame, labels: dict[str, str]) -> Figure:
+    """A ramp cell over time, one row of panels per ramp cell: the offered rate (the schedule's
+    arrivals per bin, grey), the rate each arm sent and completed per bin (mean over its runs), and
+    the median TTFT and E2EL of the requests sent in each bin. A ramp has no single offered rate,
+    so it is charted here, not on the rate axis."""
+    cells = sorted(frame["cell_id"].unique())
+    fig, axes = plt.subplots(len(cells), 2, figsize=(11, 3.4 * len(cells)), squeeze=False)
+    for row, cell_id in zip(axes, cells, strict=True):
+        d = frame[frame["cell_id"] == cell_id]
+        rate_ax, lat_ax = row
+        offered = d.groupby("t_mid_s")["offered_rps"].mean()
+        rate_ax.step(
+            offered.index, offered.values, where="mid", color="0.45", lw=2, label="offered (schedule)"
+        )
+        for v in ("A", "B"):
+            sub = d[d["variant"] == v]
+            if sub.empty:
+                continue
+            means = sub.groupby("t_mid_s")[["sent_rps", "completed_rps", "median_ttft_ms", "median_e2el_ms"]]
+            m = means.mean()
+            rate_ax.plot(m.index, m["sent_rps"], color=COLORS[v], ls=":", label=f"{labels[v]}: sent")
+            rate_ax.plot(
+                m.index,
+                m["completed_rps"],
+                color=COLORS[v],
+                marker="o",
+                ms=3,
+                label=f"{labels[v]}: completed",
+            )
+            lat_ax.plot(
+                m.index,
+                m["median_ttft_ms"],
+                color=COLORS[v],
+                marker="o",
+                ms=3,
+                label=f"{labels[v]}: median TTFT",
+            )
+            lat_ax.plot(
+                m.index, m["median_e2el_ms"], color=COLORS[v], ls="--", label=f"{labels[v]}: median E2EL"
+            )
+        rate_ax.set_title(f"{cell_id}: rate per bin", fontsize=9)
+        rate_ax.set_ylabel("requests/s")
+        lat_ax.set_title(f"{cell_id}: latency of the requests sent in each bin", fontsize=9)
+        lat_ax.set_ylabel("ms")
+        for ax in row:
+            ax.set_xlabel("time since the schedule began (s)")
+            ax.grid(alpha=0.3)
+    handles: dict[str, Any] = {}
+    for ax in axes.flat:
+        for h, t in zip(*ax.get_legend_handles_labels(), strict=True):
+            handles.setdefault(t, h)
+    fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=3, fontsize=7)
+    fig.suptitle(
+        "Ramp-up over time (vllm bench serve --ramp-up-strategy): means over each arm's valid runs",
+        fontsize=9,
+    )
+    fig.tight_layout(rect=(0, 0.03 * math.ceil(len(handles) / 3) + 0.02, 1, 0.95))
+    return fig
+
+
+def _rate_label(d: pd.DataFrame) -> str:
+    """The rate axis's label: offered rate, and where duration-bounded cells are drawn, that
+    they sit at the rate they sent."""
+    if "duration_bound_s" in d and d["duration_bound_s"].map(_present).astype(bool).any():
+        return "offered rate; duration cells: rate sent (requests/s)"
+    return "offered rate (requests/s)"
 
 
 def _rate_axis(ax: Axes, rates: list[float]) -> Callable[[float], float]:
@@ -400,12 +508,58 @@ def latency_vs_rate(
             if j == 0:
                 ax.set_ylabel("ms")
             if i == len(names) - 1:
-                ax.set_xlabel("offered rate (requests/s)")
+                ax.set_xlabel(_rate_label(d))
     handles, texts = axes[0][0].get_legend_handles_labels()
     rows_of_legend = math.ceil(len(handles) / 2)
     fig.legend(handles, texts, loc="lower center", ncol=2, fontsize=7)
     fig.suptitle(f"Latency percentiles vs offered rate\n{CI_TEXT}; beside B: the run's A/B mark", fontsize=9)
     fig.tight_layout(rect=(0, 0.025 * rows_of_legend + 0.01, 1, 0.95))
+    return fig
+
+
+def latency_vs_rate_runs(frame: pd.DataFrame, order: list[str]) -> Figure:
+    """`compare`'s chart 06: the median TTFT, TPOT, ITL and E2EL against the rate each cell was
+    measured at (a sweep point at its run's recorded rate, so two runs' points sit where they were
+    sent, never at a shared id), one line per run (colour), arm (A solid, B dashed) and open-loop
+    shape (marker); each point the mean over that arm's valid runs. The legend sits below the panels."""
+    names = [(n, t) for n, t in LATENCIES if f"p50_{n}_ms" in frame and frame[f"p50_{n}_ms"].notna().any()]
+    series = sorted(frame["series"].unique())
+    markers = {s: MARKERS[i % len(MARKERS)] for i, s in enumerate(series)}
+    palette = plt.get_cmap("tab10")
+    colors = {run: palette(i % 10) for i, run in enumerate(order)}
+    fig, axes = plt.subplots(1, len(names), figsize=(3.8 * len(names), 3.8), squeeze=False)
+    for ax, (name, title) in zip(axes[0], names, strict=True):
+        metric = f"p50_{name}_ms"
+        at = _rate_axis(ax, list(frame["rate"]))
+        for run in order:
+            for v, ls in (("A", "-"), ("B", "--")):
+                for s in series:
+                    d = frame[(frame["run"] == run) & (frame["variant"] == v) & (frame["series"] == s)]
+                    d = d[d[metric].map(_present).astype(bool)]
+                    if d.empty:
+                        continue
+                    points = sorted((float(x), float(sub[metric].mean())) for x, sub in d.groupby("rate"))
+                    label = f"{run} · {v}" + (f" · {s}" if len(series) > 1 else "")
+                    ax.plot(
+                        [at(x) for x, _ in points],
+                        [y for _, y in points],
+                        color=colors[run],
+                        linestyle=ls,
+                        marker=markers[s],
+                        ms=4,
+                        label=label,
+                    )
+        ax.set_title(f"median {title}", fontsize=9)
+        ax.set_xlabel(_rate_label(frame))
+        ax.set_ylabel("ms")
+        ax.grid(alpha=0.3)
+    handles, texts = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, texts, loc="lower center", ncol=2, fontsize=7)
+    fig.suptitle(
+        "Latency vs rate across runs (each cell at the rate it was measured at; means over valid runs)",
+        fontsize=9,
+    )
+    fig.tight_layout(rect=(0, 0.04 * math.ceil(len(handles) / 2) + 0.02, 1, 0.92))
     return fig
 
 
@@ -449,14 +603,17 @@ def goodput_vs_rate(rate_runs: pd.DataFrame, labels: dict[str, str]) -> Figure:
                             lw=1,
                             label=f"{label}: achieved request rate",
                         )
-        ax.set_xlabel("offered rate (requests/s)")
+        ax.set_xlabel(_rate_label(d))
         ax.set_ylabel(unit)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
     axes[0].set_title("goodput (bold) and achieved request rate (faint)", fontsize=9)
+    axes[1].set_title("share of requests meeting every SLO", fontsize=9)
     axes[1].set_ylim(0, 1.05)
+    # one legend for both panels, below them: never on the data
+    handles, texts = axes[0].get_legend_handles_labels()
+    fig.legend(handles, texts, loc="lower center", ncol=2, fontsize=7)
     fig.suptitle(f"Goodput vs offered rate (SLO: {slo_text(slo)})\n{CI_TEXT}", fontsize=9)
-    fig.tight_layout(rect=(0, 0, 1, 0.92))
+    fig.tight_layout(rect=(0, 0.035 * math.ceil(len(handles) / 2) + 0.02, 1, 0.92))
     return fig
 
 
@@ -712,6 +869,7 @@ def run_charts(summary: dict[str, Any], ab: dict[str, Any]) -> list[Chart]:
         if "goodput_req_s" in rates
         else rates.iloc[0:0]
     )
+    ramps = ramp_frame(runs)
     numerics = pd.DataFrame(ab["numerics"])
     nll = numerics[numerics["kind"] == "nll"] if not numerics.empty else numerics
     certificate = ab.get("numeric_certificate") or summary.get("numeric_certificate")
@@ -753,6 +911,11 @@ def run_charts(summary: dict[str, Any], ab: dict[str, Any]) -> list[Chart]:
                 else no_rate
             ),
             lambda: goodput_vs_rate(goodput, labels),
+        ),
+        (
+            "ramp_over_time",
+            why_not(not ramps.empty, "no valid ramp cell with a recorded timeline"),
+            lambda: ramp_over_time(ramps, labels),
         ),
         (
             "nll_deltas",

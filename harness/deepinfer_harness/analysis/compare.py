@@ -12,9 +12,17 @@ the A/B analysis compares (ab.metrics_for, the same keys `report` compares), one
   machines: nothing pairs their runs and no A/A floor spans them, so this ratio gets no mark.
 
 `--out DIR` also writes compare.json (strict JSON), compare.md (what stdout shows) and the charts:
-04 end-to-end output throughput per workload and concurrency, grouped bars per run and arm, and
+04 end-to-end output throughput per workload and concurrency, grouped bars per run and arm,
 05 scaling across topologies (total and per-GPU throughput by GPU count = tp × pp of each run's
-profile), each skipped with one line when the runs have nothing it could draw.
+profile), and 06 latency vs rate across runs (the median TTFT, TPOT, ITL and E2EL of every rate
+cell at its measured rate, one line per run, arm and open-loop shape), each skipped with one line
+when the runs have nothing it could draw.
+
+Sweep points are joined by the rate they were sent at, not by their id: `r2of5sweep` of one run
+and of another are different loads (each run measured its own anchors). A sweep point's row is
+keyed `<family> @ <rate>/s` (the first run's recorded rate); another run's point of the same
+family joins it when its recorded rate is within RATE_JOIN (relative) of that rate, and otherwise
+starts a row of its own. Every entry keeps its own `cell_id` and `rate`.
 """
 
 from __future__ import annotations
@@ -37,6 +45,7 @@ from deepinfer_harness.layout import read_json, write_json
 from deepinfer_harness.strict_json import numbers
 
 ARMS = ("A", "B")
+RATE_JOIN = 0.05  # sweep points of two runs are one row when their recorded rates differ by <= 5 %
 THROUGHPUT = "output_throughput"  # charts 04 and 05: output tokens / (last end − first send)
 
 
@@ -180,22 +189,64 @@ def _wanted(value: str, patterns: list[str] | None) -> bool:
     return not patterns or any(fnmatch.fnmatchcase(value, p) for p in patterns)
 
 
-def compare_rows(
-    runs: list[Run], cells: list[str] | None = None, metrics: list[str] | None = None
-) -> list[dict[str, Any]]:
-    """One row per (cell, metric) any run measured, in the runs' order of cells; each row holds
-    one entry per run (see the module docstring)."""
-    by_run: list[dict[str, list[dict[str, Any]]]] = []
+def _sweep_rate(group: list[dict[str, Any]]) -> float | None:
+    """The rate a sweep point's valid runs were sent at (their mean: the report marks a point
+    sent at different rates `x`), None when none recorded one."""
+    rates = [float(r["offered_rate"]) for r in group if positive(r.get("offered_rate"))]
+    return sum(rates) / len(rates) if rates else None
+
+
+def join_keys(runs: list[Run]) -> list[dict[str, str]]:
+    """Per run: cell id → the row key it joins. Every cell joins its own id, except a sweep
+    point, which joins `<family> @ <rate>/s`: the row of an earlier run's point of the same family
+    whose recorded rate is within RATE_JOIN of its own, else a new row at its own rate."""
+    from deepinfer_harness.analysis.charts import rate_series
+    from deepinfer_harness.cells import parse_cell
+
+    placed: list[tuple[str, float, str]] = []  # (family, rate, key)
+    out = []
     for run in runs:
         groups: dict[str, list[dict[str, Any]]] = {}
         for r in run.valid():
             groups.setdefault(str(r["cell_id"]), []).append(r)
+        keys: dict[str, str] = {}
+        taken: set[str] = set()
+        for cell_id in sorted(groups):
+            keys[cell_id] = cell_id
+            if not cell_id.startswith("rate-") or not parse_cell(cell_id).is_sweep_point:
+                continue
+            family, rate = rate_series(cell_id), _sweep_rate(groups[cell_id])
+            if family is None or rate is None:
+                continue
+            near = [
+                k for f, x, k in placed if f == family and abs(rate / x - 1) <= RATE_JOIN and k not in taken
+            ]
+            key = near[0] if near else f"rate-{family} @ {rate:.4g}/s"
+            if not near:
+                placed.append((family, rate, key))
+            keys[cell_id] = key
+            taken.add(key)
+        out.append(keys)
+    return out
+
+
+def compare_rows(
+    runs: list[Run], cells: list[str] | None = None, metrics: list[str] | None = None
+) -> list[dict[str, Any]]:
+    """One row per (cell, metric) any run measured, in the runs' order of cells; each row holds
+    one entry per run (see the module docstring); sweep points are joined by measured rate."""
+    by_run: list[dict[str, list[dict[str, Any]]]] = []
+    ids_of: list[dict[str, str]] = []  # per run: row key → its own cell id
+    for run, keys in zip(runs, join_keys(runs), strict=True):
+        groups: dict[str, list[dict[str, Any]]] = {}
+        for r in run.valid():
+            if _wanted(str(r["cell_id"]), cells):
+                groups.setdefault(keys[str(r["cell_id"])], []).append(r)
         by_run.append(groups)
+        ids_of.append({k: str(g[0]["cell_id"]) for k, g in groups.items()})
     keys: list[tuple[str, str]] = []
     for run, groups in zip(runs, by_run, strict=True):
         for cell_id in sorted(groups):
-            if not _wanted(cell_id, cells):
-                continue
             kind = str(groups[cell_id][0].get("kind"))
             for metric in metrics_for(kind, groups[cell_id], run.percentiles):
                 if _wanted(metric, metrics) and (cell_id, metric) not in keys:
@@ -211,8 +262,11 @@ def compare_rows(
                 entries.append({"run": run.name, "present": False})
                 continue
             entry: dict[str, Any] = {"run": run.name, "present": True}
+            own = ids_of[k][cell_id]
+            if own != cell_id:  # a sweep point joined by its measured rate
+                entry |= {"cell_id": own, "rate": _sweep_rate(groups[cell_id])}
             entry |= {v: _arm(arms[v]) for v in ARMS}
-            ab = verdicts[k].get((cell_id, metric))
+            ab = verdicts[k].get((own, metric))
             entry["ab"] = (
                 {x: numbers(ab.get(x)) for x in ("ratio", "ci_low", "ci_high", "n_pairs", "mark", "why")}
                 if ab
@@ -274,8 +328,33 @@ def scaling_reason(frame: pd.DataFrame, runs: list[Run]) -> str | None:
     return None
 
 
+RATE_OVERLAY = ("ttft", "tpot", "itl", "e2el")  # chart 06: the medians (p50) of these
+
+
+def rate_overlay_frame(runs: list[Run]) -> pd.DataFrame:
+    """Every valid rate run of every run on the rate axis (charts.rate_frame: a sweep point at
+    the rate its run recorded, a duration-bounded cell at the rate it sent; no ramp or synchronous
+    cell), with its run's name: chart 06's data."""
+    from deepinfer_harness.analysis.charts import rate_frame
+
+    columns = ["run", "variant", "series", "cell_id", "rate", *(f"p50_{m}_ms" for m in RATE_OVERLAY)]
+    frames = []
+    for run in runs:
+        d = rate_frame(pd.DataFrame(run.valid()))
+        if d.empty:
+            continue
+        d = d.assign(run=run.name)
+        frames.append(d.reindex(columns=columns))
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=columns)
+
+
 def write_charts(runs: list[Run], out: Path, notes: list[str]) -> list[Path]:
-    from deepinfer_harness.analysis.charts import e2e_throughput_by_run, save, scaling_by_gpus
+    from deepinfer_harness.analysis.charts import (
+        e2e_throughput_by_run,
+        latency_vs_rate_runs,
+        save,
+        scaling_by_gpus,
+    )
 
     frame = _has(closed_loop_frame(runs), THROUGHPUT)
     written: list[Path] = []
@@ -295,6 +374,11 @@ def write_charts(runs: list[Run], out: Path, notes: list[str]) -> list[Path]:
     else:
         scaled = frame[frame["gpus"].notna()]
         written += save(scaling_by_gpus(scaled, THROUGHPUT), out, "05_scaling_by_gpus")
+    overlay = rate_overlay_frame(runs)
+    if overlay.empty:
+        notes.append("06_latency_vs_rate not drawn: no run has a valid rate cell at a single rate")
+    else:
+        written += save(latency_vs_rate_runs(overlay, [r.name for r in runs]), out, "06_latency_vs_rate")
     return written
 
 

@@ -222,10 +222,14 @@ def load_shape(cell: Cell, arrivals: dict[str, Any], measured: int) -> dict[str,
     if cell.ramp:
         out |= {"ramp": cell.ramp, "ramp_start_rps": cell.rate, "ramp_end_rps": cell.ramp_end}
     if cell.duration_s:
+        sent = arrivals.get("sent", measured)
         out |= {
             "duration_bound_s": cell.duration_s,
-            "sent_requests": arrivals.get("sent", measured),
+            "sent_requests": sent,
             "sent_after_duration": arrivals.get("sent_after_duration"),
+            # the rate actually sent: the seeded schedule's count in [0, D) over D, which a
+            # Poisson or gamma draw puts near, not at, the cell's nominal rate (charted at this)
+            "sent_rate": sent / cell.duration_s if isinstance(sent, int) else None,
         }
     if cell.is_sweep_point:
         sweep = arrivals.get("sweep") or {}
@@ -234,6 +238,42 @@ def load_shape(cell: Cell, arrivals: dict[str, Any], measured: int) -> dict[str,
             out["sweep_sync"] = sweep["sync"]
     if cell.synchronous:
         out["synchronous"] = True
+    return out
+
+
+def ramp_timeline(measured: list[RequestRecord], arrivals: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """A ramp run over time, bin by bin (the run's recorded bins of its schedule, continued until
+    the last request ends): the offered rate (scheduled arrivals / bin), the rate sent and the
+    rate completed (requests ending in the bin, errors left out), and the median TTFT and E2EL of
+    the requests sent in the bin. None without the recorded bins (a run recorded before them)."""
+    timeline, t0 = arrivals.get("timeline"), arrivals.get("t0_ns")
+    if not isinstance(timeline, dict) or not isinstance(t0, int) or not measured:
+        return None
+    width, scheduled = float(timeline["bin_s"]), list(timeline["scheduled"])
+    ends = [(r.t_end_ns - t0) / 1e9 for r in measured if r.ok and r.t_end_ns]
+    n_bins = max(len(scheduled), math.ceil(max(ends, default=0.0) / width) if width > 0 else 0)
+    sent: list[list[RequestRecord]] = [[] for _ in range(n_bins)]
+    done = [0] * n_bins
+    for r in measured:
+        sent[min(max(int((r.t_send_ns - t0) / 1e9 / width), 0), n_bins - 1)].append(r)
+    for t in ends:
+        done[min(max(int(t / width), 0), n_bins - 1)] += 1
+    out = []
+    for b in range(n_bins):
+        ok = [r for r in sent[b] if r.ok]
+        ttft = [x for r in ok if (x := r.ttft) is not None]
+        e2el = [x for r in ok if (x := r.latency) is not None]
+        out.append(
+            {
+                "t_start_s": b * width,
+                "t_end_s": (b + 1) * width,
+                "offered_rps": (scheduled[b] if b < len(scheduled) else 0) / width,
+                "sent_rps": len(sent[b]) / width,
+                "completed_rps": done[b] / width,
+                "median_ttft_ms": 1e3 * statistics.median(ttft) if ttft else None,
+                "median_e2el_ms": 1e3 * statistics.median(e2el) if e2el else None,
+            }
+        )
     return out
 
 
@@ -318,6 +358,8 @@ def summarize_run(
             "send_late_ms_max": arrivals.get("send_late_ms_max"),
             "rate_attainment": rate_attainment(span_s, out.get("median_e2el_ms"), out.get("duration")),
         } | load_shape(cell, arrivals, len(measured))
+        if cell.ramp:
+            out["timeline"] = ramp_timeline(measured, arrivals)
     if cell.kind in ("prefill-cold", "ttft") and "server_ttft_ms" in out:
         out["prefill_tok_s"] = per_s(cell.isl, out["server_ttft_ms"] / 1e3)
     if cell.kind in ("prefill-cold", "ttft") and "median_ttft_ms" in out:

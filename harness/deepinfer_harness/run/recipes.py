@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import hashlib
 import time
+from typing import Any
 
 from deepinfer_harness.arrivals import schedule
 from deepinfer_harness.lengths import draw, stable_seed
@@ -156,6 +157,20 @@ async def run_decode(ctx: CellContext) -> None:
     ctx.facts["window"] = {"t_open_ns": state.t_open_ns, "t_close_ns": t_close_ns, "t_start_ns": t_start}
 
 
+TIMELINE_BINS = 20  # a ramp's schedule is charted in this many bins (analysis/run_summary.py)
+
+
+def ramp_bins(offsets: list[float], duration_s: float = 0.0) -> dict[str, Any]:
+    """A ramp's offered load over time: the schedule's span (its duration bound, or the last
+    send time) in TIMELINE_BINS bins of `bin_s` seconds, and how many arrivals each one holds."""
+    span = duration_s or (offsets[-1] if offsets else 0.0)
+    width = span / TIMELINE_BINS if span > 0 else 1.0
+    counts = [0] * TIMELINE_BINS
+    for t in offsets:
+        counts[min(int(t / width), TIMELINE_BINS - 1)] += 1
+    return {"bin_s": width, "scheduled": counts}
+
+
 async def run_rate(ctx: CellContext) -> None:
     """Open loop (vllm bench serve --request-rate): request i is sent at its seeded arrival time
     whether or not earlier ones finished (at most max_concurrency in flight when set), so queueing
@@ -209,6 +224,8 @@ async def run_rate(ctx: CellContext) -> None:
                 group.create_task(one(i))
     await ctx.scrape("after")
     ctx.facts["arrivals"] = {
+        "t0_ns": round(t0 * 1e9),  # perf_counter at the schedule's t = 0 (records stamp the same clock)
+        "timeline": ramp_bins(offsets, cell.duration_s) if cell.ramp else None,
         "offered_rate": rate,
         "arrival": cell.arrival,
         "schedule_s": offsets[-1] - offsets[0] if len(offsets) > 1 else 0.0,
