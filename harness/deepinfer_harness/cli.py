@@ -294,13 +294,14 @@ def _bench_ab(
         written = charts_for_run(layout.root, charts_dir)
         progress.say(f"{len(written)} chart files under {charts_dir}")
     progress.say(f"{headline(summary)}; results: {layout.root} (table: {layout.root / 'ab.md'})")
-    if summary.get("self_test"):  # a declared A/A ends in one verdict: passed, or failed naming what
-        progress.say(summary["self_test"]["line"])
     if summary["missing_runs"]:  # 0 runs completed included: never exit 0
         cause = _missing_cause(layout, cells, summary["missing_runs"], outcome.failures)
         progress.say(
             f"error: {len(summary['missing_runs'])} runs missing ({cause}); resume with --run-id {run_id}"
         )
+    if summary.get("self_test"):  # a declared A/A ends in one verdict: passed, or failed naming what
+        progress.say(summary["self_test"]["line"])
+    if summary["missing_runs"]:
         return EXIT_INCOMPLETE
     if args.strict and summary["n_invalid"]:
         return EXIT_STRICT

