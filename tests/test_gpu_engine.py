@@ -200,3 +200,21 @@ def test_device_script_dry_run(tmp_path: Path) -> None:
     setup = json.loads((tmp_path / "out" / "setup.json").read_text())
     assert setup["checkpoint_sha256"] and setup["versions"]["python"]
     assert (tmp_path / "e2e" / "sites" / "optimized" / "site" / "vllm" / "deepinfer_sm80_level.py").exists()
+
+
+@pytest.mark.skipif(not (ROOT / ".cache" / "gpu-engine" / "READY").exists(), reason="no GPU engine bundle")
+def test_bundle_carries_platform_detection_and_the_drafter() -> None:
+    """vLLM finds the CUDA platform through `vllm.third_party.pynvml` (its absence left the device with no
+    platform, 2026-12-07), and the carried Markov head belongs to the checkpoint the check compares with."""
+    import tarfile
+
+    from deepinfer_sm80.testing.e2e import gpu
+
+    bundle = ROOT / ".cache" / "gpu-engine"
+    with tarfile.open(bundle / "vllm-base.tar.gz") as tar:
+        names = set(tar.getnames())
+    assert {"vllm/third_party/__init__.py", "vllm/third_party/pynvml.py"} <= names
+    assert not any(n.endswith(".so") for n in names)
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    assert manifest["drafter"]["shard_sha256"] == gpu.CPU_SHARD_SHA256
+    assert (bundle / "drafter.safetensors").exists()
