@@ -47,6 +47,11 @@ ACTOR_ENV_PREFIXES = ("DEEPINFER_", "VLLM_", "TRITON_")
 NODE_OWN = frozenset({"VLLM_HOST_IP", "VLLM_HOST_PORT"})
 DIED = ("died unexpectedly", "RayActorError")  # an actor that went before its executor let it go
 GLOO_IFNAME = {"GLOO_SOCKET_IFNAME": "lo"}  # the stages' gloo pairs on loopback, as a node names its NIC
+DUMP_TIMEOUT_S = 120.0
+# vLLM's mp executor (RayExecutorV2's base) gives a step 300 s (VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS, envs.py);
+# the first try's concurrent case timed out on one step while other engines' sweeps loaded the 2 cores
+# (load average 40): the Ray case gives a step what release.py gives the 40-layer engines
+STEP_TIMEOUT = {"VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "1800"}
 
 
 def ray_engine(short: list[int], every: list[str]) -> Engine:
@@ -66,7 +71,7 @@ def ray_engine(short: list[int], every: list[str]) -> Engine:
         base,
         engine=base.engine | {"distributed_executor_backend": "ray"},
         kind=KIND,
-        env=base.env | ASYNC,
+        env=base.env | ASYNC | STEP_TIMEOUT,
     )
 
 
@@ -154,14 +159,22 @@ def _dump_rows(worker: Any) -> dict[str, Any]:
     }
 
 
-def _finish(llm: Any) -> dict[str, Any]:
-    """Every stage actor's rows dumped while it lives, then the engine shut down (executor: monitor joined,
-    actors killed), then this driver's Ray connection closed."""
+def _finish(llm: Any, ok: bool) -> dict[str, Any]:
+    """Every stage actor's rows dumped while it lives (after the cases ran: `ok`), then the engine shut down
+    (executor first: its monitor joined, the actors killed), then this driver's Ray connection closed, on
+    failure too: left to the interpreter's exit, Ray's atexit disconnects first and the executor's
+    `ray.kill` then reconnects (RAY_ADDRESS) and fails on the old session's handles."""
     import ray
 
-    actors = llm.collective_rpc(_dump_rows)
-    llm.llm_engine.engine_core.shutdown()
-    ray.shutdown()
+    actors: list[dict[str, Any]] = []
+    try:
+        if ok:
+            actors = llm.collective_rpc(_dump_rows, timeout=DUMP_TIMEOUT_S)
+    finally:
+        try:
+            llm.llm_engine.engine_core.shutdown()
+        finally:
+            ray.shutdown()
     return {"ray_actors": actors}
 
 

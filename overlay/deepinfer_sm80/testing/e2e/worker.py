@@ -73,9 +73,10 @@ def prompt_results(case: dict[str, Any], outs: list[Any]) -> list[dict[str, Any]
     return prompts
 
 
-def run(plan: dict[str, Any], finish: Callable[[Any], dict[str, Any]] | None = None) -> dict[str, Any]:
-    """The plan's cases on one engine. `finish(llm)`, once every case has run, adds its dict to the output
-    (the Ray case's driver, ray_engine.py: the stage actors' row dumps and the executor's shutdown)."""
+def run(plan: dict[str, Any], finish: Callable[[Any, bool], dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The plan's cases on one engine. `finish(llm, ok)` runs once the engine is up, after the cases or
+    when one raised (ok False), and adds its dict to the output (the Ray case's driver, ray_engine.py: the
+    stage actors' row dumps, then the engine's and Ray's shutdown before the interpreter's exit)."""
     from deepinfer_sm80.testing.e2e import coverage, standins
 
     if os.environ.get(standins.ENV_SWITCH) != "1":
@@ -88,9 +89,33 @@ def run(plan: dict[str, Any], finish: Callable[[Any], dict[str, Any]] | None = N
     start = {"wall_s": time.perf_counter() - t0, "cpu_s": _cpu() - c0, "import_wall_s": t_import}
     print(f"e2e-worker: engine up in {start['wall_s']:.1f} s wall, {start['cpu_s']:.1f} s CPU", flush=True)
     load_rows = coverage.counts()
-    results = []
+    results: list[dict[str, Any]] = []
+    try:
+        _run_cases(llm, plan, results, SamplingParams)
+    except BaseException:
+        if finish is not None:
+            finish(llm, False)
+        raise
+    spec = _spec_stats(llm)
+    finished = finish(llm, True) if finish is not None else {}
+    return finished | {
+        "scheduler": _scheduler(llm),
+        "start": start,
+        "load_rows": load_rows,
+        "bound": dict(coverage.BOUND),
+        "standins": list(standins.APPLIED),
+        "cases": results,
+        "spec_decode": spec,
+        "aux": coverage.AUX,
+    }
+
+
+def _run_cases(llm: Any, plan: dict[str, Any], results: list[dict[str, Any]], params_cls: Any) -> None:
+    """Each case of the plan through one `generate`, its record appended to `results`."""
+    from deepinfer_sm80.testing.e2e import coverage
+
     for case in plan["cases"]:
-        params = sampling_params(SamplingParams, case)
+        params = sampling_params(params_cls, case)
         before, aux_before, spec_before = coverage.snapshot(), len(coverage.AUX), _spec_stats(llm) or {}
         t, c = time.perf_counter(), _cpu()
         outs = llm.generate([{"prompt_token_ids": p} for p in case["prompts"]], params, use_tqdm=False)
@@ -107,18 +132,6 @@ def run(plan: dict[str, Any], finish: Callable[[Any], dict[str, Any]] | None = N
                 "spec_decode": {k: v - spec_before.get(k, 0.0) for k, v in (_spec_stats(llm) or {}).items()},
             }
         )
-    spec = _spec_stats(llm)
-    finished = finish(llm) if finish is not None else {}
-    return finished | {
-        "scheduler": _scheduler(llm),
-        "start": start,
-        "load_rows": load_rows,
-        "bound": dict(coverage.BOUND),
-        "standins": list(standins.APPLIED),
-        "cases": results,
-        "spec_decode": spec,
-        "aux": coverage.AUX,
-    }
 
 
 def _scheduler(llm: Any) -> str | None:
