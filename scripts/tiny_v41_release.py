@@ -1,6 +1,6 @@
 """A tiny-dimension DeepSeek-V4.1 checkpoint with the release's own 40-layer structure (issue 37, item 4).
 
-    python scripts/tiny_v41_release.py --out .cache/tiny-v41-release [--seed 0] [--json]
+    python scripts/tiny_v41_release.py --out .cache/tiny-v41-release [--seed 0] [--json] [--no-drafter]
 
 `make_tiny_v41.py` packs every layer kind into 6 layers; this one keeps V4.1-Flash's layer pattern as
 its config.json states it (`integration/pp/topology.py` `v41_flash_fields()` holds the same facts):
@@ -38,7 +38,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import make_tiny_v41 as mk  # scripts/ is not a package: its writers, by path
 
-RELEASE_VERSION = 1
+RELEASE_VERSION = 2  # 2: the DSpark drafter distilled from this target (tiny_v41_drafter.py)
 RELEASE_LAYERS = 40
 # V4.1-Flash's structure (config.json of the release; DSpark's aux layers are its last three layers)
 RELEASE_STRUCTURE: dict[str, Any] = {
@@ -68,23 +68,26 @@ def release_text_config() -> dict[str, Any]:
     return t
 
 
-def recipe_digest(seed: int) -> str:
+def recipe_digest(seed: int, drafter: bool = True) -> str:
     t = release_text_config()
     recipe = {
         "version": [mk.RECIPE_VERSION, RELEASE_VERSION],
         "seed": seed,
+        **({} if drafter else {"drafter": False}),  # the default recipe distils the drafter
         "config": mk.hf_config(0, 1, text=t),
         "tensors": list(mk.inventory(t)),
     }
     return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()
 
 
-def build(out: Path, seed: int = 0) -> dict[str, Any]:
-    """Write the checkpoint into `out` (a no-op when its stamp holds this recipe's digest); its manifest."""
+def build(out: Path, seed: int = 0, drafter: bool = True) -> dict[str, Any]:
+    """Write the checkpoint into `out` (a no-op when its stamp holds this recipe's digest); its manifest.
+    `drafter=False` leaves the Markov head random (the distillation is 40-layer forwards of the oracle,
+    minutes of CPU: the build's own test skips it; tiny_v41_drafter's tests prove it on make_tiny_v41)."""
     from safetensors.torch import save_file
 
     stamp = out / "tiny_v41.json"
-    digest = recipe_digest(seed)
+    digest = recipe_digest(seed, drafter)
     if stamp.exists():
         manifest = json.loads(stamp.read_text())
         if manifest.get("recipe") == digest and (out / manifest["shard"]).exists():
@@ -102,9 +105,12 @@ def build(out: Path, seed: int = 0) -> dict[str, Any]:
     save_file(data, str(out / shard), metadata={"format": "pt"})
     total = sum(v.numel() * v.element_size() for v in data.values())  # type: ignore[attr-defined]
     index = {"metadata": {"total_size": total}, "weight_map": {k: shard for k in sorted(data)}}
+    del data
     (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=1))
+    # the DSpark Markov head distilled from this target, as make_tiny_v41 does for its own
+    fitted = mk.tiny_v41_drafter.install(out, shard, seed) if drafter else None
     manifest = {"recipe": digest, "seed": seed, "structure": "v4.1-flash-40", "shard": shard,
-                "tensors": len(data), "bytes": total}  # fmt: skip
+                "tensors": len(index["weight_map"]), "bytes": total, "drafter": fitted}  # fmt: skip
     manifest["build_s"] = round(time.perf_counter() - t0, 1)
     stamp.write_text(json.dumps(manifest, indent=1))
     return manifest
@@ -115,9 +121,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=".cache/tiny-v41-release", help="output directory")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", action="store_true", help="print the manifest as JSON")
+    ap.add_argument("--no-drafter", action="store_true", help="leave the DSpark Markov head random (tests)")
     args = ap.parse_args(argv)
     try:
-        manifest = build(Path(args.out), args.seed)
+        manifest = build(Path(args.out), args.seed, drafter=not args.no_drafter)
     except (OSError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

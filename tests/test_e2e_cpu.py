@@ -238,6 +238,7 @@ def test_every_pp_cut_runs_with_and_without_dspark_at_both_levels(kind: str) -> 
     without an indexer-K cache, Engram layers opening stages), each plain and with DSpark, at both
     levels, held to the single-stage engines' tokens (and DSpark's drafter inputs), with the PP rows
     required; every one but SYNC_ENGINES on the GPU's asynchronous scheduler."""
+    from deepinfer_sm80.testing.e2e import engines as engines_
     from deepinfer_sm80.testing.e2e import runner
 
     engines = {e.name: e for e in runner.plan(kind, engram=True)}
@@ -245,7 +246,7 @@ def test_every_pp_cut_runs_with_and_without_dspark_at_both_levels(kind: str) -> 
     for name, (partition, _) in runner.PP_LAYOUTS.items():
         for spec in (False, True):
             e = engines[f"{name}_dspark" if spec else name]
-            scheduler = {} if e.name in runner.SYNC_ENGINES else runner.ASYNC
+            scheduler = {} if e.name in engines_.SYNC_ENGINES else runner.ASYNC
             assert e.env == {"VLLM_PP_LAYER_PARTITION": partition} | scheduler
             assert e.engine["pipeline_parallel_size"] == partition.count(",") + 1
             assert e.levels == runner.LEVELS
@@ -259,9 +260,9 @@ def test_every_pp_cut_runs_with_and_without_dspark_at_both_levels(kind: str) -> 
     served = engines["serve_pp3_dspark"]
     assert served.kind == "serve" and "--pipeline-parallel-size" in served.serve_flags
     assert ("tp2_pp2_dspark" in engines) == (kind == "full")
-    assert runner.SYNC_ENGINES <= set(engines) and engines["main"].env == {}  # sync kept where named
+    assert engines_.SYNC_ENGINES <= set(engines) and engines["main"].env == {}  # sync kept where named
     swept = {e.partition for e in engines.values() if e.name.startswith("cut_")}
-    every = set(runner.every_cut(6))
+    every = set(engines_.every_cut(6))
     assert swept == (every - {p for p, _ in runner.PP_LAYOUTS.values()} if kind == "full" else set())
 
 

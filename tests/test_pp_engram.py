@@ -153,7 +153,7 @@ def test_layout_wrapper_hands_upstream_one_agreed_list() -> None:
 
 
 def test_every_cut_lists_each_pp2_and_pp3_partition_once() -> None:
-    from deepinfer_sm80.testing.e2e.runner import every_cut
+    from deepinfer_sm80.testing.e2e.engines import every_cut
 
     cuts = every_cut(6)
     assert len(cuts) == len(set(cuts)) == 5 + 10  # C(5,1) + C(5,2)
@@ -169,7 +169,7 @@ def test_every_cut_lists_each_pp2_and_pp3_partition_once() -> None:
 def test_stage_rows_require_each_row_on_the_stage_holding_its_layer() -> None:
     """The tiny checkpoint: kv sources 1 and 3, Engram 1 and 2. At 1,5 stage 0 (layer 0, SWA only) owns
     no cache and no Engram layer; stage 1 must look Engram up itself, wherever else it is called."""
-    from deepinfer_sm80.testing.e2e.runner import stage_rows
+    from deepinfer_sm80.testing.e2e.engines import stage_rows
 
     tiny = Topology.from_config(
         {
@@ -188,7 +188,8 @@ def test_stage_rows_require_each_row_on_the_stage_holding_its_layer() -> None:
 
 def test_a_stage_that_skips_its_engram_layer_fails_even_if_another_stage_looks_it_up() -> None:
     """The failure the issue found: row counts merged over stages hid a stage that never looked Engram up."""
-    from deepinfer_sm80.testing.e2e.runner import pp_engine, stage_targets
+    from deepinfer_sm80.testing.e2e.engines import pp_engine
+    from deepinfer_sm80.testing.e2e.runner import stage_targets
 
     tiny = Topology.from_config(
         {

@@ -62,7 +62,8 @@ def test_recipe_is_seeded() -> None:
 def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     out = tmp_path_factory.mktemp("tiny-v41-release")
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "tiny_v41_release.py"), "--out", str(out), "--json"],
+        [sys.executable, str(ROOT / "scripts" / "tiny_v41_release.py"), "--out", str(out), "--json",
+         "--no-drafter"],
         capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -74,7 +75,8 @@ def test_written_checkpoint(built: tuple[Path, dict]) -> None:
     from safetensors import safe_open
 
     out, manifest = built
-    assert manifest["recipe"] == R.recipe_digest(0)
+    assert manifest["recipe"] == R.recipe_digest(0, drafter=False) != R.recipe_digest(0)
+    assert manifest["drafter"] is None  # the distillation itself: tests/test_tiny_v41_drafter*.py
     text = json.loads((out / "config.json").read_text())["text_config"]
     assert {k: text[k] for k in R.RELEASE_STRUCTURE} == R.RELEASE_STRUCTURE
     index = json.loads((out / "model.safetensors.index.json").read_text())["weight_map"]
@@ -95,7 +97,7 @@ def test_written_checkpoint(built: tuple[Path, dict]) -> None:
 def test_rebuild_is_a_noop(built: tuple[Path, dict]) -> None:
     out, manifest = built
     before = (out / manifest["shard"]).stat().st_mtime_ns
-    assert R.build(out)["recipe"] == manifest["recipe"]
+    assert R.build(out, drafter=False)["recipe"] == manifest["recipe"]
     assert (out / manifest["shard"]).stat().st_mtime_ns == before
 
 
@@ -120,3 +122,12 @@ def test_release_engines() -> None:
             build_plan(topo, sizes)  # the plan calls the cut legal
     assert engines["release_pp3_14_14_12_dspark"].aux_of == "release_dspark"
     assert engines["release_pp8"].partition == "5,5,5,5,5,5,6,4"
+    # the reference cut and both single stages also serve four requests in flight (twins case by case)
+    for name in ("release_main", "release_dspark", "release_pp3_14_14_12_dspark"):
+        assert [c.name for c in engines[name].cases] == ["short", "concurrent"], name
+    # the runner's plan is this one for a checkpoint of the release's layer count, in either plan kind
+    from deepinfer_sm80.testing.e2e import runner
+
+    for kind in ("ci", "full"):
+        planned = runner.plan(kind, engram=True, num_layers=t["num_hidden_layers"])
+        assert [e.name for e in planned] == [e.name for e in release_engines(runner._prompt("short", 12), [])]

@@ -1,7 +1,6 @@
 """Engines on the release-structured tiny checkpoint (issue 37, item 4; scripts/tiny_v41_release.py).
 
-    python -m deepinfer_sm80.testing.e2e.release --model .cache/tiny-v41-release --engines NAMES
-                                                 [--level optimized] [--work DIR] [--out FILE]
+    make e2e-release   # python -m deepinfer_sm80.testing.e2e --model .cache/tiny-v41-release ...
 
 That checkpoint has DeepSeek-V4.1-Flash's own 40-layer structure (ratio 0 at 0-1, ratio 2 at 2-19 with
 kv + index sources 2, 8, 14, ratio 1 at 20-39 with source and candidate source 20 and index sources 24,
@@ -12,21 +11,16 @@ starts inside 20's sharing group), 20,20 (no replicas: every group on one stage)
 (eight stages of 4-6 layers: Engram 14 last on stage 2, source 20 first on stage 4, every later stage a
 replica holder; the aux layers 37-39 on the last stage, relayed from none).
 
-`release_engines()` is the plan's part (the runner's `plan()` returns it for a 40-layer checkpoint); the
-command line runs the named engines one after the other through `runner.run_engine` (no oracle: the
-tokens are compared with the single stage's) and prints / writes start and per-case wall times.
+`release_engines()` is the plan the runner's `plan()` returns for a checkpoint of RELEASE_LAYERS layers;
+the runner runs and judges them as it does the 6-layer plan's (the oracle, the twins' tokens, the
+drafter's inputs, the rows per stage, acceptance).
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import json
-import sys
-from pathlib import Path
-from typing import Any
 
-from deepinfer_sm80.testing.e2e.runner import (
+from deepinfer_sm80.testing.e2e.engines import (
     ASYNC,
     DECODE_ROWS,
     DSPARK_PP_ROWS,
@@ -34,12 +28,12 @@ from deepinfer_sm80.testing.e2e.runner import (
     PP_ROWS,
     Case,
     Engine,
-    _prompt,
     base_engine_kwargs,
+    concurrent_case,
     pp_engine,
-    run_engine,
 )
 
+RELEASE_LAYERS = 40  # the release's num_hidden_layers (scripts/tiny_v41_release.py)
 # DSpark at the reference deployments' width: K = 5 draft tokens per step, the checkpoint's
 # dspark_block_size (vLLM's default K for DSpark when none is given, config/speculative.py).
 RELEASE_K = 5
@@ -67,7 +61,8 @@ RELEASE_CUTS: list[tuple[str, str, bool, tuple[str, ...], str]] = [
 
 
 def release_engines(short: list[int], every: list[str]) -> list[Engine]:
-    """The single stage (± DSpark K=5) and the release's cuts, each serving the runner's short case.
+    """The single stage (± DSpark K=5) and the release's cuts, each serving the runner's short case; the
+    single stages and the DSpark cut also the concurrent one (four requests in flight).
 
     `every`: the rows every forward reaches (the runner's EVERY_FORWARD + engram_lookup). The cuts
     without DSpark must give release_main's tokens; the DSpark ones release_main's tokens (greedy
@@ -80,7 +75,12 @@ def release_engines(short: list[int], every: list[str]) -> list[Engine]:
             "release_main",
             SELECTING,
             base_engine_kwargs(),
-            [Case("short", [short], 4, {lv: every + DECODE_ROWS for lv in LEVELS}, case)],
+            [
+                Case("short", [short], 4, {lv: every + DECODE_ROWS for lv in LEVELS}, case),
+                concurrent_case(
+                    {lv: every + DECODE_ROWS for lv in LEVELS}, " on the release-structured checkpoint"
+                ),
+            ],
         ),
         Engine(
             "release_dspark",
@@ -93,14 +93,19 @@ def release_engines(short: list[int], every: list[str]) -> list[Engine]:
                     4,
                     {lv: [*every, "dspark_draft"] for lv in LEVELS},
                     f"{case}, DSpark drafting {RELEASE_K} tokens per step",
-                )
+                ),
+                concurrent_case(
+                    {lv: [*every, "dspark_draft"] for lv in LEVELS}, f" with DSpark K={RELEASE_K}"
+                ),
             ],
             spec_of="release_main",
             env=dict(ASYNC),
         ),
     ]
     for name, partition, spec, levels, what in RELEASE_CUTS:
-        e = pp_engine(name, partition, spec, short, every, f"pipeline parallel {partition}: {what}", levels)
+        # the concurrent case on the reference cut (with DSpark); the other cuts serve the short case
+        what = f"pipeline parallel {partition}: {what}"
+        e = pp_engine(name, partition, spec, short, every, what, levels, concurrent=spec)
         kwargs = dict(e.engine)
         if spec:
             kwargs |= RELEASE_DSPARK_KWARGS
@@ -118,81 +123,3 @@ def release_engines(short: list[int], every: list[str]) -> list[Engine]:
             )
         )
     return engines
-
-
-# ----------------------------------------------------------------------------- direct runs
-def _summary(engine: Engine, out: dict[str, Any]) -> dict[str, Any]:
-    if not out.get("ok"):
-        return {
-            "ok": False,
-            "wall_s": round(out["wall_s"], 1),
-            "error": out.get("error"),
-            "log": out.get("log"),
-        }
-    cases = {
-        c["name"]: {"wall_s": round(c["wall_s"], 1), "tokens": [p["tokens"] for p in c["prompts"]]}
-        for c in out["cases"]
-    }
-    spec = out.get("spec_decode") or {}
-    return {
-        "ok": True,
-        "wall_s": round(out["wall_s"], 1),
-        "start_wall_s": round(out["start"]["wall_s"], 1),
-        "scheduler": out.get("scheduler"),
-        "cases": cases,
-        "drafted": spec.get("vllm:spec_decode_num_draft_tokens"),
-        "accepted": spec.get("vllm:spec_decode_num_accepted_tokens"),
-        "stage_rows": out.get("stage_rows"),
-        "aux_digest": _digest(out.get("aux")),
-    }
-
-
-def _digest(obj: Any) -> str | None:
-    import hashlib
-
-    return None if not obj else hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def main(argv: list[str] | None = None) -> int:
-    from deepinfer_sm80.testing.e2e import server_env
-    from deepinfer_sm80.testing.e2e.models import variant
-    from deepinfer_sm80.testing.e2e.runner import EVERY_FORWARD
-
-    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    ap.add_argument("--model", type=Path, default=Path(".cache/tiny-v41-release"))
-    ap.add_argument("--engines", required=True, help="comma-separated names of release_engines()")
-    ap.add_argument("--level", default="optimized")
-    ap.add_argument("--work", type=Path, default=Path("/tmp/e2e-release"))
-    ap.add_argument("--out", type=Path, default=None, help="JSON (default: WORK/release.json, merged)")
-    ap.add_argument("--timeout", type=float, default=3600.0)
-    args = ap.parse_args(argv)
-    work, model = args.work.resolve(), args.model.resolve()
-    server_env(args.level, work)
-    engines = {e.name: e for e in release_engines(_prompt("short", 12), [*EVERY_FORWARD, "engram_lookup"])}
-    wanted = [n for n in args.engines.split(",") if n]
-    unknown = sorted(set(wanted) - set(engines))
-    if unknown:
-        print(f"release: no engine {unknown}; known: {sorted(engines)}", file=sys.stderr)
-        return 2
-    out_path = args.out or work / "release.json"
-    report: dict[str, Any] = json.loads(out_path.read_text()) if out_path.exists() else {}
-    for name in wanted:
-        engine = engines[name]
-        print(f"release: {name} at {args.level} ...", flush=True)
-        out = run_engine(args.level, engine, variant(model, work, engine.overrides), work, args.timeout)
-        row = _summary(engine, out) | {"partition": engine.partition, "level": args.level}
-        twin = engine.spec_of or engine.same_as
-        ref = report.get(f"{twin}/{args.level}") if twin else None
-        if row["ok"] and ref and ref.get("ok"):
-            mine = {k: v["tokens"] for k, v in row["cases"].items()}
-            row[f"tokens_equal_{twin}"] = mine == {k: v["tokens"] for k, v in ref["cases"].items()}
-        report[f"{name}/{args.level}"] = row
-        out_path.write_text(json.dumps(report, indent=1) + "\n")
-        print(
-            f"release: {name}: {json.dumps({k: v for k, v in row.items() if k != 'stage_rows'})}", flush=True
-        )
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
