@@ -532,6 +532,43 @@ def render_e2e_cases(res: Results, args: dict[str, str]) -> str:
     return table(header, out)
 
 
+def render_e2e_engines(res: Results, args: dict[str, str]) -> str:
+    """An e2e JSON, one row per engine and level: its pipeline partition and scheduler, the greedy tokens
+    of each case (prompts separated by `/`), DSpark's accepted / drafted tokens, its targets met (every
+    target named after the engine and level, plus its base-vs-optimized ones) and its wall time."""
+    doc = res.json(_need(args, "file"))
+    targets = doc.get("targets", [])
+    out = []
+    for eng in doc.get("engines", []):
+        name = eng["name"]
+        for level, lv in eng.get("levels", {}).items():
+            mine = [t for t in targets if t["name"].startswith(f"{name}/{level}/")]
+            cases = "; ".join(
+                f"{c['name']}: " + " / ".join(" ".join(map(str, p["tokens"])) for p in c["prompts"])
+                for c in lv.get("cases", [])
+            )
+            spec = lv.get("spec_decode") or {}
+            acc = spec.get("vllm:spec_decode_num_accepted_tokens")
+            dr = spec.get("vllm:spec_decode_num_draft_tokens")
+            drafts = "–" if dr is None or acc is None else f"{acc:.0f} / {dr:.0f}"
+            out.append(
+                [
+                    f"`{name}` / {level}",
+                    eng.get("env", {}).get("VLLM_PP_LAYER_PARTITION", "one stage"),
+                    str(lv.get("scheduler") or "–"),
+                    cases if lv.get("ok") else f"failed: {lv.get('error', '')}",
+                    drafts,
+                    f"{sum(t['met'] for t in mine)} of {len(mine)}",
+                    f"{lv['wall_s']:.0f} s",
+                ]
+            )
+    if not out:
+        raise ReportError(f"results/{args['file']}: no engines")
+    header = ["engine / level", "partition", "scheduler", "greedy tokens per case", "accepted / drafted",
+              "targets met", "wall"]  # fmt: skip
+    return table(header, out)
+
+
 def render_e2e_summary(res: Results, args: dict[str, str]) -> str:
     """`N targets: M met, K open (names), F failed; wall W s` of an e2e JSON."""
     doc = res.json(_need(args, "file"))
@@ -672,6 +709,7 @@ def render_run_wall(res: Results, args: dict[str, str]) -> str:
 RENDERERS: dict[str, Callable[[Results, dict[str, str]], str]] = {
     "e2e-cases": render_e2e_cases,
     "e2e-summary": render_e2e_summary,
+    "e2e-engines": render_e2e_engines,
     "rows": render_rows,
     "headline": render_headline,
     "grid": render_grid,

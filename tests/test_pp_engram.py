@@ -207,3 +207,50 @@ def test_a_stage_that_skips_its_engram_layer_fails_even_if_another_stage_looks_i
     assert missed == ["e/optimized/stage1:layers2-5/row:engram_lookup"]
     out["stage_rows"]["1"]["engram_lookup"] = 4
     assert all(t["met"] for t in stage_targets("optimized", engine, out, tiny))
+
+
+def _release_cuts() -> list[tuple[int, ...]]:
+    """Every PP2 and PP3 cut of the release's 40 layers (39 + 741), and 400 PP4-PP8 cuts drawn with a fixed
+    seed (the plan calls every one legal: replication serves any cut)."""
+    import random
+
+    n = TOPO.num_layers
+    out = []
+    for pp in (2, 3):
+        for cuts in itertools.combinations(range(1, n), pp - 1):
+            edges = (0, *cuts, n)
+            out.append(tuple(edges[i + 1] - edges[i] for i in range(pp)))
+    rng = random.Random(37)
+    for _ in range(400):
+        cuts = sorted(rng.sample(range(1, n), rng.randint(3, 7)))
+        edges = (0, *cuts, n)
+        out.append(tuple(edges[i + 1] - edges[i] for i in range(len(edges) - 1)))
+    return out
+
+
+def test_every_release_cut_gives_each_stage_what_its_layers_read() -> None:
+    """Over every PP2 / PP3 cut of V4.1-Flash and a seeded sample of deeper ones, stated from the model's
+    facts rather than the plan's loop: a layer reading another layer's compressed KV, indexer K, top-k or
+    candidates on an earlier stage, and an Engram layer on any stage but the first, find that item in
+    their stage's needs; whatever a stage needs it receives, and a stage receives exactly what the one
+    before it sends (the relay never drops an item between the producer's stage and the reader's)."""
+    engram = set(TOPO.engram_layers)
+    assert engram == {1, 14}
+    for partition in _release_cuts():
+        plan = P.build_plan(TOPO, partition)
+        stage_of = {layer: s.rank for s in plan.stages for layer in s.layers}
+        for s in plan.stages:
+            need = keys(s.needs)
+            for layer in s.layers:
+                src = TOPO.kv_source(layer)
+                if src is not None and src != layer and stage_of[src] < s.rank:
+                    assert f"pp_ckv_{src}" in need, (partition, layer)
+                idx = TOPO.index_source(layer)
+                if idx is not None and idx != layer and stage_of[idx] < s.rank:
+                    assert f"pp_topk_{idx}" in need, (partition, layer)
+                if layer in engram and s.rank > 0:
+                    assert "pp_ids_0" in need, (partition, layer)
+            assert need <= keys(s.receives), partition
+            if s.rank:
+                assert keys(s.receives) == keys(plan.stages[s.rank - 1].sends), partition
+        assert not plan.stages[0].receives and not plan.stages[-1].sends
