@@ -50,8 +50,12 @@ target's continuations mostly repeat their current token (its logits are dominat
 the current token), so g is copy-first; the manifest records the map's digest, its sample count and fit.
 
 Values are seeded (crc32 of the tensor name and the seed; the drafter's sequences and codes from the
-seed too): the same command writes the same bytes. Running it again with the same arguments is a no-op
-(a stamp file holds the digest of the recipe).
+seed too): on one machine the same command writes the same bytes. Every tensor but the two Markov-head
+ones is the same on any machine; those two come from oracle forwards, and a sample whose top-1 / top-2
+margin sits near MARGIN can flip with the BLAS and thread count, so another host may fit another map (a
+GPU host with another torch did: docs/GPU_ENGINE.md). The manifest's drafter digest says which map a
+checkpoint holds. Running it again with the same arguments is a no-op (a stamp file holds the digest of
+the recipe).
 """
 
 from __future__ import annotations
