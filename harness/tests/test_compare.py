@@ -105,13 +105,15 @@ def test_owner_pair_side_by_side_with_cis_verdicts_and_the_scaling(owner_pair, t
     line = next(ln for ln in text.splitlines() if ln.startswith(f"| {CHAT} | median_ttft_ms | ga100x8"))
     assert f"0.{round(vs['ratio'] * 1000):03d}× [" in line and f"`{ab['mark']}`" in line
     assert text == (out / "compare.md").read_text() + "\n"  # stdout is compare.md
-    # charts 04 and 05, PNG and SVG; re-running rewrites the same bytes
+    # charts 04, 05 and 06 (both runs have rate cells), PNG and SVG; re-running rewrites the same bytes
     names = sorted(p.name for p in out.iterdir())
     assert names == [
         "04_e2e_output_throughput.png",
         "04_e2e_output_throughput.svg",
         "05_scaling_by_gpus.png",
         "05_scaling_by_gpus.svg",
+        "06_latency_vs_rate.png",
+        "06_latency_vs_rate.svg",
         "compare.json",
         "compare.md",
     ]

@@ -134,7 +134,7 @@ def _cells(manifest: dict[str, Any], runs: list[dict[str, Any]], parity_ok: bool
         cell_runs = {(r["variant"], r["rep"]): r for r in runs if r["cell_id"] == cell_id}
         sha = definitions.get(cell_id, {}).get("definition_sha256")
         same_def = all(r.get("definition_sha256") == sha for r in cell_runs.values())
-        # a sweep point's definition is k/N of a measured rate: its runs must have been sent at
+        # a sweep point's definition is placed from measured rates: its runs must have been sent at
         # one rate (the run's recorded decision, run/sweep.py), or they measure different loads
         same_def = same_def and len(_sweep_rates(cell_id, cell_runs.values())) <= 1
         kind = (

@@ -49,7 +49,7 @@ class CellContext:
     # the ShareGPT conversations chat and rate cells send instead of windows (sharegpt.py)
     conversations: ConversationSet = field(default_factory=ConversationSet)
     facts: dict[str, Any] = field(default_factory=dict)  # cell-level facts for <variant>.r<k>.cell.json
-    # a sweep point's rate (requests/s): k/N of the probe's measured maximum, as the run's manifest
+    # a sweep point's rate (requests/s): placed from its anchors' measured rates, as the run's manifest
     # records it (run/sweep.py); None for every other cell, whose rate is in its id
     offered_rate: float | None = None
     violations: list[str] = field(default_factory=list)
