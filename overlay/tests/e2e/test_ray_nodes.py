@@ -218,3 +218,59 @@ def test_ray_actor_device_ids_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
     assert RayWorkerProc().get_node_and_physical_gpu_ids() == ("node-b", [0])
     reported[RAY_DEVICE_KEY] = ["3"]
     assert RayWorkerProc().get_node_and_physical_gpu_ids() == "upstream"
+
+
+# ----------------------------------------------------------------------------- the engine and its checks
+def test_the_evidence_plan_runs_pp2_dspark_over_ray() -> None:
+    from deepinfer_sm80.testing.e2e import runner
+    from deepinfer_sm80.testing.e2e.ray_engine import NAME, RAY_KIND
+
+    (engine,) = [e for e in runner.plan("full", engram=True) if e.name == NAME]
+    assert engine.kind == RAY_KIND and engine.engine["distributed_executor_backend"] == "ray"
+    assert engine.engine["pipeline_parallel_size"] == 2 and engine.partition == "4,2"
+    assert engine.engine["speculative_config"]["method"] == "dspark" and engine.levels == ("optimized",)
+    assert (engine.spec_of, engine.aux_of) == ("main", "dspark")  # main's tokens, dspark's drafter inputs
+    assert engine.env["DEEPINFER_E2E_SCHEDULER"] == "async"  # RayExecutorV2 schedules asynchronously
+    assert NAME not in {e.name for e in runner.plan("ci", engram=True)}
+
+
+def test_actor_env_carries_the_switches_but_not_the_nodes_own_address() -> None:
+    from deepinfer_sm80.testing.e2e.ray_engine import actor_env
+
+    got = actor_env(
+        {
+            "DEEPINFER_E2E_CPU": "1",
+            "DEEPINFER_E2E_COVERAGE_DIR": "/c",
+            "TRITON_INTERPRET": "1",
+            "VLLM_PP_LAYER_PARTITION": "4,2",
+            "VLLM_HOST_IP": "127.0.0.2",
+            "GLOO_SOCKET_IFNAME": "lo",
+            "PYTHONPATH": "/hook",
+            "HOME": "/root",
+        }
+    )
+    assert got == {
+        "DEEPINFER_E2E_CPU": "1",
+        "DEEPINFER_E2E_COVERAGE_DIR": "/c",
+        "TRITON_INTERPRET": "1",
+        "VLLM_PP_LAYER_PARTITION": "4,2",
+        "GLOO_SOCKET_IFNAME": "lo",
+    }
+
+
+def test_ray_targets_need_a_stage_per_node_every_dump_and_no_death() -> None:
+    from deepinfer_sm80.testing.e2e.ray_engine import ray_targets
+    from deepinfer_sm80.testing.e2e.runner import _target
+
+    actors = [
+        {"stage": 0, "node_ip": "127.0.0.2", "dump": "/c/1.json"},
+        {"stage": 1, "node_ip": "127.0.0.3", "dump": "/c/2.json"},
+    ]
+    good = {"ray_actors": actors, "ray": {"died_lines": []}}
+    assert all(t["met"] for t in ray_targets("e/optimized", good, _target))
+    one_node = {"ray_actors": [a | {"node_ip": "127.0.0.2"} for a in actors], "ray": {"died_lines": []}}
+    assert [t["met"] for t in ray_targets("e", one_node, _target)] == [False, True, True]
+    no_dump = {"ray_actors": actors[:1], "ray": {"died_lines": []}}
+    assert [t["met"] for t in ray_targets("e", no_dump, _target)] == [False, False, True]
+    died = good | {"ray": {"died_lines": ["RayWorkerProc rank=[1] died unexpectedly"]}}
+    assert [t["met"] for t in ray_targets("e", died, _target)] == [True, True, False]

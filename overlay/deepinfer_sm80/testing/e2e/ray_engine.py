@@ -38,7 +38,7 @@ from deepinfer_sm80.testing.e2e.ray_nodes import HEAD_IP, RayNodeError, RayNodes
 
 NAME = "ray_pp2_dspark"
 PARTITION = "4,2"  # pp2_shared: the cut that relays the most across the boundary (replicas, top-k, aux 3, 4)
-KIND = "ray"
+RAY_KIND = "ray"
 # The variables the actors must have when their interpreter starts (the stand-ins' switch, the interpreter
 # and capability, the coverage directory, the scheduler and partition): every one with these prefixes in
 # the driver's environment, as vLLM's own copy does by prefix (`ray/ray_env.py:36-44`), less the address
@@ -70,7 +70,7 @@ def ray_engine(short: list[int], every: list[str]) -> Engine:
     return replace(
         base,
         engine=base.engine | {"distributed_executor_backend": "ray"},
-        kind=KIND,
+        kind=RAY_KIND,
         env=base.env | ASYNC | STEP_TIMEOUT,
     )
 

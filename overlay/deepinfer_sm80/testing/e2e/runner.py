@@ -64,6 +64,7 @@ from deepinfer_sm80.testing.e2e.engines import (
     stage_rows,
 )
 from deepinfer_sm80.testing.e2e.models import SELECTING, fingerprint, snapshot, variant
+from deepinfer_sm80.testing.e2e.ray_engine import RAY_KIND, ray_engine, ray_targets, run_ray
 from deepinfer_sm80.testing.e2e.release import RELEASE_LAYERS, release_engines
 from deepinfer_sm80.testing.e2e.tree import ROOT, canonical_level
 
@@ -180,6 +181,7 @@ def plan(kind: str, engram: bool, num_layers: int = 6, cuts: bool = False) -> li
                 spec_of="main",
             )
         )
+        engines.append(ray_engine(short, every))  # PP2 + DSpark over two Ray nodes (ray_engine.py)
     partition = PP_LAYOUTS["pp3"][0]
     engines.append(
         Engine(
@@ -240,7 +242,14 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
 
 
 def run_engine(
-    level: str, engine: Engine, model: Path, work: Path, timeout: float, reuse: bool = False
+    level: str,
+    engine: Engine,
+    model: Path,
+    work: Path,
+    timeout: float,
+    reuse: bool = False,
+    worker: str = "deepinfer_sm80.testing.e2e.worker",
+    extra_env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Run one engine's cases in its own interpreter. `reuse`: an engine whose run directory already holds
     the output of the same plan and environment is read back, not run again (a sweep resumed after a
@@ -249,6 +258,7 @@ def run_engine(
     cov_dir = run_dir / "coverage"
     run_dir.mkdir(parents=True, exist_ok=True)
     env = os.environ | server_env(level, work) | {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"} | engine.env
+    env |= extra_env or {}  # the Ray case's cluster address (not part of the plan: ports differ per run)
     if engine.engine.get("pipeline_parallel_size", 1) > 1:
         env[coverage.ENV_DIR] = str(cov_dir)  # the stages run in worker processes: each dumps at exit
     plan_path, out_path, log_path = run_dir / "plan.json", run_dir / "out.json", run_dir / "engine.log"
@@ -261,7 +271,7 @@ def run_engine(
         old.unlink()
     out_path.unlink(missing_ok=True)
     plan_path.write_text(plan_text)
-    cmd = [sys.executable, "-m", "deepinfer_sm80.testing.e2e.worker", str(plan_path), str(out_path)]
+    cmd = [sys.executable, "-m", worker, str(plan_path), str(out_path)]
     t0 = time.perf_counter()
     with log_path.open("w") as log:
         # its own session: the PP stage processes are its children, and a stage that fails mid-step can
@@ -569,7 +579,9 @@ def engine_targets(
         first = (aux_twin.get("cases") or [{}])[0].get("aux_count", len(theirs))
         targets.append(aux_target(tag, engine.aux_of or "", out.get("aux", [])[:first], theirs[:first]))
     want_scheduler = "async" if engine.env.get(ASYNC_KEY) == "async" else "sync"
-    if engine.kind == "offline":  # the served engines' config is not reachable from the client
+    if engine.kind == RAY_KIND:
+        targets += ray_targets(tag, out, _target)
+    if engine.kind in ("offline", RAY_KIND):  # the served engines' config is not reachable from the client
         got = out.get("scheduler")
         targets.append(
             _target(
@@ -707,6 +719,8 @@ def main(argv: list[str] | None = None) -> int:
                 engine.serve_flags,
                 name=engine.name, extra_env=engine.env,
             )  # fmt: skip
+        elif engine.kind == RAY_KIND:
+            out = run_ray(level, engine, models[engine.name], args.work, args.engine_timeout, run_engine)
         else:
             out = run_engine(level, engine, models[engine.name], args.work, args.engine_timeout, args.reuse)
         status = f"{out['wall_s']:.0f} s" if out["ok"] else f"FAILED: {out['error']} (log {out['log']})"
