@@ -25,7 +25,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from claims_figures import FIGURES, LEGACY_CEILING
 from conftest import ROOT
+from figure_sources import Defined, Figure, Quoted, agrees
 
 RESULTS = ROOT / "results"
 DOCS = sorted((ROOT / "docs").glob("*.md"))
@@ -422,45 +424,134 @@ ISSUE_39 = (
 FIGURE = re.compile(r"(?<![\w.$/-])\d{1,3}(?:,\d{3})+(?:\.\d+)?(?![\w.])|(?<![\w.$/-])\d+\.\d+(?:[×x%])?(?![\w.])"  # noqa: E501
                     r"|(?<![\w.$/-])\d+(?:[×%]| ?(?:GiB|GB|MB|KB|TB/s|GB/s|µs|ms|nats|min))(?![\w])"
                     r"|(?<![\w.$/-])\d{3,}(?=(?: \w+)? (?:tensors|tokens|parameters|targets)\b)")  # fmt: skip
-BASELINE = Path(__file__).with_name("claims_figures_baseline.txt")
+LEGACY = Path(__file__).with_name("claims_figures_legacy.txt")
 
 
-def figures(root: Path = ROOT) -> dict[tuple[str, str], int]:
-    """(document, figure) -> count of measured-looking figures in prose: outside rendered regions, code
-    blocks and backticks (decimals, thousands-separated numbers, ratios, percentages, sized units)."""
-    out: dict[tuple[str, str], int] = {}
-    for pattern in DOCUMENTS:
-        for doc in sorted(root.glob(pattern)):
-            text = REGION.sub(" ", doc.read_text())
-            text = re.sub(r"```.*?```", " ", text, flags=re.S)
-            text = re.sub(r"`[^`\n]*`", " ", text)
-            text = re.sub(r"<!--.*?-->", " ", text, flags=re.S)
-            for m in FIGURE.finditer(text):
-                key = (doc.relative_to(root).as_posix(), m.group(0))
-                out[key] = out.get(key, 0) + 1
+@dataclass(frozen=True)
+class Occurrence:
+    doc: str
+    figure: str
+    sentence: str  # whitespace collapsed, backticks kept
+    context: str  # the sentence; a table row: the paragraph above the table, its header and the row
+
+
+def occurrences(root: Path = ROOT) -> list[Occurrence]:
+    """Measured-looking figures in prose (decimals, thousands-separated numbers, ratios, percentages,
+    sized units, counts of tokens / tensors / parameters / targets): outside rendered regions, code
+    blocks, comments and backticks, one per figure per sentence (a table row is a sentence)."""
+    out = []
+    for doc in sorted({p for pattern in DOCUMENTS for p in root.glob(pattern)}):
+        name = doc.relative_to(root).as_posix()
+        text = REGION.sub(" ", doc.read_text())
+        text = re.sub(r"```.*?```", "\n\n", text, flags=re.S)
+        text = re.sub(r"<!--.*?-->", " ", text, flags=re.S)
+        above = ""
+        for para in re.split(r"\n\s*\n", text):
+            lines = para.splitlines()
+            rows = [" ".join(ln.split()) for ln in lines if ln.lstrip().startswith("|")]
+            heads = [" ".join(ln.split()) for ln in lines if ln.lstrip().startswith("#")]
+            flat = " ".join(" ".join(ln for ln in lines if not ln.lstrip().startswith(("|", "#"))).split())
+            units = [(h, h) for h in heads]
+            units += [(s, s) for s in re.split(r"(?<=[.!?])\s+(?=[A-Z`*(])", flat) if s]
+            units += [(r, f"{above} {rows[0]} {r}") for r in rows]
+            for sentence, context in units:
+                for m in FIGURE.finditer(re.sub(r"`[^`]*`", " ", sentence)):
+                    out.append(Occurrence(name, m.group(0), sentence, context))
+            if flat:
+                above = flat
     return out
 
 
-def unregistered_figures(root: Path = ROOT) -> list[str]:
-    """Figures in prose beyond the committed baseline: a new or changed figure must be rendered from its
-    results file (`make report`) or sourced in the sentence, never typed (issue 39: 5,530,310 ->
-    5,930,310 in PIPELINE.md passed every test). The baseline lists the figures typed before issue 39,
-    each to be rendered or removed; it may only shrink."""
-    base: dict[tuple[str, str], int] = {}
-    for line in BASELINE.read_text().splitlines():
+def _holds(entry: Figure, occ: Occurrence) -> bool:
+    return (
+        entry.doc == occ.doc
+        and entry.figure == occ.figure
+        and (entry.where == "*" or entry.where in occ.sentence)
+    )
+
+
+def _legacy() -> dict[tuple[str, str], int]:
+    out = {}
+    for line in LEGACY.read_text().splitlines() if LEGACY.is_file() else []:
         doc, fig, n = line.split("\t")
-        base[(doc, fig)] = int(n)
-    return [f"{doc}: typed figure {fig!r} ({n} x, baseline {base.get((doc, fig), 0)})"
-            for (doc, fig), n in sorted(figures(root).items()) if n > base.get((doc, fig), 0)]  # fmt: skip
+        out[(doc, fig)] = int(n)
+    return out
 
 
-def write_baseline() -> None:
-    BASELINE.write_text("".join(f"{d}\t{f}\t{n}\n" for (d, f), n in sorted(figures().items())))
+def _unheld(root: Path) -> dict[tuple[str, str], list[Occurrence]]:
+    unheld: dict[tuple[str, str], list[Occurrence]] = {}
+    for occ in occurrences(root):
+        if not any(_holds(e, occ) for e in FIGURES):
+            unheld.setdefault((occ.doc, occ.figure), []).append(occ)
+    return unheld
 
 
-def test_no_figure_is_typed_beyond_the_baseline():
+def unregistered_figures(root: Path = ROOT) -> list[str]:
+    """Figures in prose that no entry of tests/claims_figures.py holds, beyond the legacy list (the
+    figures typed before issue 39 not yet sourced: it may only shrink, so its counts are exact).
+    Issue 39: 5,530,310 -> 5,930,310 in PIPELINE.md passed every test."""
+    legacy = _legacy()
+    out = []
+    for (doc, fig), occs in sorted(_unheld(root).items()):
+        if len(occs) > legacy.get((doc, fig), 0):
+            n, old = len(occs), legacy.get((doc, fig), 0)
+            out.append(f"{doc}: figure {fig!r} in \"{occs[-1].sentence[:110]}…\": not rendered, not in "
+                       f"tests/claims_figures.py ({n} x, legacy {old})")  # fmt: skip
+    return out
+
+
+def figure_disagreements(root: Path = ROOT) -> list[str]:
+    """Registered figures whose source no longer gives them, whose quote is unlabelled, or whose
+    sentence is gone."""
+    occs = occurrences(root)
+    out = []
+    for e in FIGURES:
+        mine = [o for o in occs if _holds(e, o)]
+        head = f"{e.doc}: {e.figure!r} ({e.where[:50]!r})"
+        if not mine:
+            out.append(f"{head}: no such figure in that sentence any more (update tests/claims_figures.py)")
+            continue
+        if isinstance(e.source, Quoted):
+            bare = [o for o in mine if not re.search(e.source.label, o.context)]
+            if bare:
+                out.append(f"{head}: quoted from {e.source.whose}, but \"{bare[0].sentence[:90]}…\" "
+                           f"does not say so (/{e.source.label}/)")  # fmt: skip
+            continue
+        if isinstance(e.source, Defined):
+            continue
+        try:
+            value = e.source.value(root)
+        except (LookupError, OSError, ValueError, ArithmeticError) as err:
+            out.append(f"{head}: source {e.source.describe()}: {err}")
+            continue
+        if not agrees(e.figure, value):
+            out.append(f"{head}: {e.source.describe()} gives {value:,.6g}")
+    return out
+
+
+def write_legacy(root: Path = ROOT) -> None:
+    rows = sorted((k, len(v)) for k, v in _unheld(root).items())
+    LEGACY.write_text("".join(f"{d}\t{f}\t{n}\n" for (d, f), n in rows))
+
+
+def test_every_figure_in_prose_is_rendered_or_registered():
     found = unregistered_figures()
-    assert not found, "figures typed in prose, not rendered:\n" + "\n".join(found)
+    assert not found, "figures typed in prose, neither rendered nor sourced:\n" + "\n".join(found)
+
+
+def test_every_registered_figure_agrees_with_its_source():
+    found = figure_disagreements()
+    assert not found, "figures in prose that their sources no longer give:\n" + "\n".join(found)
+
+
+def test_the_legacy_list_only_shrinks():
+    """Exact counts: a figure sourced or removed must leave the list too (write_legacy())."""
+    legacy, unheld = _legacy(), {k: len(v) for k, v in _unheld(ROOT).items()}
+    extra = {k: n for k, n in legacy.items() if unheld.get(k, 0) < n}
+    assert not extra, "legacy figures since sourced or removed (drop them from the list):\n" + "\n".join(
+        f"{d}\t{f}\t{n} (now {unheld.get((d, f), 0)})" for (d, f), n in sorted(extra.items())
+    )
+    assert sum(legacy.values()) <= LEGACY_CEILING, f"the legacy list grew past {LEGACY_CEILING}"
 
 
 def test_issue_39_claims_hold():
@@ -503,7 +594,8 @@ PLANTS = {  # issue 39's items as they stood at 5c2e190: (document, text planted
 
 def _all(root: Path) -> list[str]:
     return (table_contradictions(root) + sentence_contradictions(root) + both_levels_contradictions(root)
-            + failed_target_contradictions(root) + unregistered_figures(root))  # fmt: skip
+            + failed_target_contradictions(root) + unregistered_figures(root)
+            + figure_disagreements(root))  # fmt: skip
 
 
 def test_the_guard_is_clean_on_a_copy_and_fails_on_each_plant(tmp_path):
@@ -519,3 +611,70 @@ def test_the_guard_is_clean_on_a_copy_and_fails_on_each_plant(tmp_path):
             path.unlink()
         else:
             path.write_text(before)
+
+
+def _results_with(tmp_path: Path, rel: str, edit: Callable[[dict], None]) -> None:
+    """tmp_path/results: links to the committed results, one JSON file a copy edited by `edit`."""
+    (tmp_path / "results").unlink()
+    (tmp_path / "results").mkdir()
+    for entry in RESULTS.iterdir():
+        if entry.name != rel.split("/")[0]:
+            (tmp_path / "results" / entry.name).symlink_to(entry)
+    doc = json.loads((RESULTS / rel).read_text())
+    edit(doc)
+    (tmp_path / "results" / rel).write_text(json.dumps(doc))
+
+
+def test_a_changed_figure_in_prose_fails(tmp_path):
+    """Issue 39's plant: one digit of a registered figure changed in its sentence (as 5,530,310 ->
+    5,930,310 once passed every test in PIPELINE.md) is unregistered, and its entry loses its sentence."""
+    root = _copy(tmp_path)
+    assert not unregistered_figures(root) and not figure_disagreements(root)
+    doc = root / "docs" / "BLOCKERS.md"
+    doc.write_text(doc.read_text().replace("74,880 B (ratio 1)", "74,980 B (ratio 1)"))
+    assert any("docs/BLOCKERS.md: figure '74,980'" in f for f in unregistered_figures(root))
+    assert any("'74,880'" in f and "no such figure" in f for f in figure_disagreements(root))
+
+
+def test_a_figure_moved_to_another_sentence_fails(tmp_path):
+    """An entry holds its figure in its own sentence only: the same number typed elsewhere is new."""
+    root = _copy(tmp_path)
+    doc = root / "docs" / "SERVING.md"
+    doc.write_text(doc.read_text() + "\nA 40 GB card serves the TP8×PP2 deployment.\n")
+    assert any("docs/SERVING.md: figure '40 GB'" in f for f in unregistered_figures(root))
+
+
+def test_a_figure_its_results_no_longer_give_fails(tmp_path):
+    """The results change under a registered figure: the figure is stale and the test says by how much."""
+    root = _copy(tmp_path)
+    _results_with(root, "hardware-fit.json", lambda d: d["deployments"][0]["cards"][0].update(card_gib=48.0))
+    found = figure_disagreements(root)
+    assert found == ["docs/SERVING.md: '40 GB' ('Where a 40 GB card does not fit'): "
+                     "results/hardware-fit.json deployments.0.cards.0.card_gib gives 48"], found  # fmt: skip
+
+
+def test_a_quoted_figure_must_say_whose(tmp_path):
+    root = _copy(tmp_path)
+    doc = root / "docker" / "README.md"
+    doc.write_text(doc.read_text().replace("(Debian trixie: 3.13)", "(3.13)"))
+    found = figure_disagreements(root)
+    assert any("quoted from vendor: Debian 13" in f for f in found), found
+
+
+def test_every_figure_source_kind_checks(tmp_path):
+    """Each kind of source gives a value, and a wrong figure against it fails."""
+    from figure_sources import Calc, Call, Const, Json, Text
+
+    sources = {
+        Json("hardware-fit.json", "deployments.0.cards.0.card_gib"): "40 GB",
+        Const("overlay/deepinfer_sm80/table.py:HW_FP8_CAPABILITY", scale=10): "8.9",
+        Call("deepinfer_sm80.device:SM86", path="smem_per_block", scale=1024): "99 KB",
+        Text("docker/versions.env", r"^TORCH_VERSION=(\d+\.\d+)"): "2.13",
+        Calc("a * 2", a=Const("overlay/deepinfer_sm80/integration/pp/topology.py:DEFAULT_BLOCK_TOKENS")): (
+            "256"
+        ),
+    }
+    for source, figure in sources.items():
+        value = source.value(ROOT)
+        assert agrees(figure, value), (source, value)
+        assert not agrees(figure.replace(figure[0], str((int(figure[0]) + 1) % 10), 1), value), source

@@ -1,0 +1,138 @@
+# ruff: noqa: E501
+"""Every figure typed in prose outside a rendered region, with the source that holds it (issue 39).
+
+One entry per figure as written, per document, per sentence: `Figure(doc, figure, where, source)`;
+`where` is a few words of its sentence (or "*": every occurrence of that figure in that document, for
+a figure that means one thing throughout, such as a compute capability or a pinned version). The
+kinds of source and how each is checked: tests/figure_sources.py. tests/test_claims.py fails on a
+figure in prose that neither a rendered region (`make report`) nor an entry here holds, and on an
+entry whose source disagrees with it or whose sentence is gone.
+
+Figures typed before issue 39 and not yet sourced stay in tests/claims_figures_legacy.txt, exact
+counts, at most LEGACY_CEILING in all: the list only shrinks.
+"""
+
+from __future__ import annotations
+
+from figure_sources import Calc, Call, Const, Figure, Json, Quoted, Text
+
+LEGACY_CEILING = 10_000
+
+PINS = "docker/versions.env"
+TABLE = "overlay/deepinfer_sm80/table.py"
+TOPOLOGY = "overlay/deepinfer_sm80/integration/pp/topology.py"
+
+
+def pin(name: str) -> Text:
+    """A pinned version as major.minor (docker/versions.env, the one pin file)."""
+    return Text(PINS, rf"^{name}=(\d+\.\d+)")
+
+
+# compute capabilities: the image's arch list (8.0, 8.6) and the table's two thresholds (8.9, 9.0)
+CAPABILITY = {
+    "8.0": Text(PINS, r"^TORCH_CUDA_ARCH_LIST=(8\.0)\b"),
+    "8.6": Text(PINS, r"^TORCH_CUDA_ARCH_LIST=\S+ (8\.6)\b"),
+    "8.9": Const(f"{TABLE}:HW_FP8_CAPABILITY", scale=10),
+    "9.0": Const(f"{TABLE}:NO_FLASHMLA_CAPABILITY", scale=10),
+}
+# the H200 host of the device calls (not the pins): its own record
+H200_TORCH = Json("gpu/patches-h200.json", "provenance.versions.torch")
+H200_TRITON = Json("gpu/patches-h200.json", "provenance.versions.triton")
+# one page of the 584-byte V4 record, rounded to 576 B (topology.py, FP8_DS_MLA.md)
+RECORD, ALIGN = Const(f"{TOPOLOGY}:CKV_RECORD_BYTES"), Const(f"{TOPOLOGY}:CKV_PAGE_ALIGNMENT")
+BLOCK = Const(f"{TOPOLOGY}:DEFAULT_BLOCK_TOKENS")
+PAGE = "ceil(n * r / a) * a"
+
+
+def page(n: Const | str) -> Calc:
+    """Bytes of a page of n stored states (n a source, or a literal expression over `b` = block tokens)."""
+    if isinstance(n, str):
+        return Calc(PAGE.replace("n", f"({n})"), r=RECORD, a=ALIGN, b=BLOCK)
+    return Calc(PAGE, n=n, r=RECORD, a=ALIGN)
+
+
+def capabilities(doc: str, *figures: str) -> tuple[Figure, ...]:
+    return tuple(Figure(doc, f, "*", CAPABILITY[f]) for f in figures)
+
+
+def wo_a(tp: int, what: str) -> Calc:
+    """BLOCKERS' wo_a table: bf16 (ops.o_proj.wo_a_bytes) against MXFP8 (1 B + 1/1024 B per weight)."""
+    bf16 = Call("deepinfer_sm80.ops.o_proj:wo_a_bytes", (tp,), "bf16_total", scale=2**20)
+    return Calc(
+        {"mxfp8": "bf16 / 2 * (1 + 1 / 1024)", "over": "bf16 - bf16 / 2 * (1 + 1 / 1024)"}[what], bf16=bf16
+    )
+
+
+BLOCKERS = "docs/BLOCKERS.md"
+FIGURES: tuple[Figure, ...] = (
+    *capabilities(BLOCKERS, "8.0", "8.6", "8.9", "9.0"),
+    Figure(BLOCKERS, "128", "compressed pages of 128 tokens", BLOCK),
+    Figure(BLOCKERS, "74,880", "compressed pages of 128 tokens", page(BLOCK)),
+    Figure(BLOCKERS, "37,440", "37,440 B (ratio 2)", page("b / 2")),
+    Figure(BLOCKERS, "19,008", "SWA pages of 32 tokens", page("32")),
+    Figure(BLOCKERS, "99 KB", "(99 KB shared memory per block)",
+           Call("deepinfer_sm80.device:SM86", path="smem_per_block", scale=1024)),
+    Figure(BLOCKERS, "147,455", "long-row paths (> 147,455 B",
+           Const("overlay/deepinfer_sm80/integration/attention_select.py:TOPK_LONG_ROW_SMEM")),
+    Figure(BLOCKERS, "98,303", "rows past 98,303 tokens",
+           Const("overlay/deepinfer_sm80/integration/attention_select.py:TOPK_LONG_ROW_TOKENS")),
+    *(Figure(BLOCKERS, fig, f"| {tp} | ", wo_a(tp, what))
+      for tp, figs in ((2, ("688.67", "687.33")), (4, ("344.34", "343.66")), (8, ("172.17", "171.83")))
+      for fig, what in zip(figs, ("mxfp8", "over"), strict=True)),
+    Figure(BLOCKERS, "2.11", "patches-h200.json (H200: torch 2.11", H200_TORCH),
+    Figure(BLOCKERS, "3.6", "patches-h200.json (H200: torch 2.11, triton 3.6", H200_TRITON),
+    Figure(BLOCKERS, "2.13", "*", pin("TORCH_VERSION")),
+
+    # docs/ARCHITECTURE.md
+    *capabilities("docs/ARCHITECTURE.md", "8.0", "8.6", "8.9", "9.0"),
+    Figure("docs/ARCHITECTURE.md", "13.0", "All in `docker/versions.env`", pin("CUDA_MAJOR_MINOR")),
+    Figure("docs/ARCHITECTURE.md", "3.12", "All in `docker/versions.env`", pin("IMAGE_PYTHON_VERSION")),
+    # docs/FP8_DS_MLA.md
+    Figure("docs/FP8_DS_MLA.md", "19,008", "32-token sliding-window page", page("32")),
+    Figure("docs/FP8_DS_MLA.md", "74,880", "74,880 for 128 compressed states", page(BLOCK)),
+    Figure("docs/FP8_DS_MLA.md", "37,440", "37,440 for 64", page("b / 2")),
+    *capabilities("docs/FP8_DS_MLA.md", "8.9"),
+    # docs/GPU_ENGINE.md
+    Figure("docs/GPU_ENGINE.md", "0.25", "its margin of 0.25", Const("scripts/tiny_v41_drafter.py:MARGIN")),
+    Figure("docs/GPU_ENGINE.md", "2.11", "| 8 at d0077a0 |", Json("gpu/engine-d0077a0-h100.json", "provenance.versions.torch")),
+    Figure("docs/GPU_ENGINE.md", "80GB", "| 8 at d0077a0 |", Text("results/gpu/engine-d0077a0-h100.json", r"H100 (80)GB")),
+    # docs/INDEXER.md
+    *capabilities("docs/INDEXER.md", "8.0", "8.9", "9.0"),
+    Figure("docs/INDEXER.md", "3.7", "(triton 3.7's", pin("TRITON_VERSION")),
+    Figure("docs/INDEXER.md", "32 GiB", "a [8192, 1M] fp32 matrix alone is 32 GiB", Calc("8192 * 2**20 * 4 / 2**30")),
+    # docs/PATCH_01.md
+    *capabilities("docs/PATCH_01.md", "8.0"),
+    Figure("docs/PATCH_01.md", "25.2", "= 25.2 MB", Calc("(8192 * 641 * 4 + 8192 * 129 * 4) / 1e6")),
+    Figure("docs/PATCH_01.md", "24.1", "(24.1 MiB)", Calc("(8192 * 641 * 4 + 8192 * 129 * 4) / 2**20")),
+    Figure("docs/PATCH_01.md", "8192", "at 8192 batched tokens",
+           Text("harness/profiles/ga100x6-tp2pp3.yaml", r'--max-num-batched-tokens, "(\d+)"')),
+    Figure("docs/PATCH_01.md", "4 GB", "(4 GB at 1M tokens)",
+           Quoted("upstream: vLLM 0.32.0's V4 attention PREFILL_CHUNK_SIZE (4) x 1M tokens / ratio 1 x 1 KB",
+                  r"PREFILL_CHUNK_SIZE")),
+    # docs/SERVING.md
+    Figure("docs/SERVING.md", "40 GB", "Where a 40 GB card does not fit", Json("hardware-fit.json", "deployments.0.cards.0.card_gib")),
+    # docs/SPARSE_MLA.md
+    *capabilities("docs/SPARSE_MLA.md", "8.9", "9.0"),
+    Figure("docs/SPARSE_MLA.md", "0.04", "upstream's `_decode_num_splits` model",
+           Quoted("upstream: vLLM 0.32.0's _decode_num_splits cost model (ops/sparse_mla/decode.py copies it)", r"upstream's")),
+    Figure("docs/SPARSE_MLA.md", "1,536", "Prefill of a 1,536-token", Json("gpu/sparse_mla-h200.json", "rows.108.size")),
+    Figure("docs/SPARSE_MLA.md", "32 KB", "fp32 partial", Calc("16 * 512 * 4 / 1024")),  # 16 heads x 512 fp32 values
+    # docs/VALIDATE.md
+    *capabilities("docs/VALIDATE.md", "8.0"),
+    Figure("docs/VALIDATE.md", "2.11", "one H200 (torch 2.11", H200_TORCH),
+    Figure("docs/VALIDATE.md", "3.6", "triton 3.6: not our pins", H200_TRITON),
+    # docs/VERIFYING.md
+    Figure("docs/VERIFYING.md", "2.11", "The H200 has torch 2.11", H200_TORCH),
+    Figure("docs/VERIFYING.md", "3.6", "The H200 has torch 2.11 and triton 3.6", H200_TRITON),
+    Figure("docs/VERIFYING.md", "2.13", "the compiled vLLM ops at torch 2.13", pin("TORCH_VERSION")),
+    # docker/README.md
+    Figure("docker/README.md", "13.0", "next to the 13.0 headers", pin("CUDA_MAJOR_MINOR")),
+    Figure("docker/README.md", "13.5", "pulled nvcc 13.5",
+           Quoted("upstream: the nvcc pip resolved for humming-kernels[cu13] when the pin was added", r"humming-kernels")),
+    Figure("docker/README.md", "24.04", "exist in Ubuntu 24.04", Text("docker/Dockerfile.sm80", r"^ARG BASE_IMAGE=\S*ubuntu(\d+\.\d+)")),
+    Figure("docker/README.md", "3.11", "its CPython 3.11 wheel", Calc("3 + m / 100", m=Text(PINS, r"^RAY_CPU_WHEEL=ray-[\d.]+-cp3(\d+)-"))),
+    Figure("docker/README.md", "3.12", "| `PYTHON_VERSION` |", pin("IMAGE_PYTHON_VERSION")),
+    Figure("docker/README.md", "3.13", "| `PYTHON_VERSION` |", Quoted("vendor: Debian 13 (trixie) ships Python 3.13", r"Debian trixie")),
+    Figure("docker/README.md", "30 min", "waits up to 30 min",
+           Quoted("upstream: vLLM 0.32.0 ray_utils.py _wait_until_pg_ready's placement-group timeout", r"ray_utils\.py")),
+)  # fmt: skip
