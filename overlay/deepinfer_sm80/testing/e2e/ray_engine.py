@@ -16,9 +16,13 @@ through the driver variables RayExecutorV2 sets in `initialize_worker` (`ray_exe
 after the actor's interpreter had started and `coverage.install` had decided there was nothing to dump to;
 and at shutdown the executor kills its actors (`ray.kill`, `ray_executor_v2.py:569-574`, SIGKILL: no
 atexit). Here the runtime environment gives them the directory at start, and the driver's collective
-`_dump_rows` writes every stage's counts while the actors live. The actor that "died unexpectedly" was
-the interpreter's exit tearing Ray down under a live executor; here the driver shuts the engine down
-(executor first: its monitor stops before the kills), then disconnects from Ray.
+`_dump_rows` writes every stage's counts while the actors live. An engine left to the interpreter's exit
+meets Ray torn down under a live executor: in a run here whose case had failed, Ray's atexit disconnected
+first, the executor's `ray.kill` reconnected through RAY_ADDRESS and failed on the old session's actor
+handles, and the driver segfaulted; the first try's actor that "died unexpectedly" is the executor's
+monitor (`ray_executor_v2.py:522-525`) seeing an actor go before `shutdown` set `shutting_down`. Here the
+driver shuts the engine down itself, after the cases or when one fails (executor first: its monitor
+stops before the kills), then disconnects from Ray; the engine log is searched for both messages.
 """
 
 from __future__ import annotations
@@ -45,7 +49,7 @@ RAY_KIND = "ray"
 # each node sets for itself. PYTHONPATH is the node's own (the same tree on every node, as in one image).
 ACTOR_ENV_PREFIXES = ("DEEPINFER_", "VLLM_", "TRITON_")
 NODE_OWN = frozenset({"VLLM_HOST_IP", "VLLM_HOST_PORT"})
-DIED = ("died unexpectedly", "RayActorError")  # an actor that went before its executor let it go
+DIED = ("died unexpectedly", "RayActorError", "ActorHandleNotFoundError")  # an unclean shutdown
 GLOO_IFNAME = {"GLOO_SOCKET_IFNAME": "lo"}  # the stages' gloo pairs on loopback, as a node names its NIC
 DUMP_TIMEOUT_S = 120.0
 # vLLM's mp executor (RayExecutorV2's base) gives a step 300 s (VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS, envs.py);
