@@ -14,7 +14,7 @@ counts, at most LEGACY_CEILING in all: the list only shrinks.
 
 from __future__ import annotations
 
-from figure_sources import Calc, Call, Const, Figure, Json, Quoted, Text
+from figure_sources import Calc, Call, Const, Defined, Figure, Json, Quoted, Text
 
 LEGACY_CEILING = 10_000
 
@@ -62,6 +62,54 @@ def wo_a(tp: int, what: str) -> Calc:
         {"mxfp8": "bf16 / 2 * (1 + 1 / 1024)", "over": "bf16 - bf16 / 2 * (1 + 1 / 1024)"}[what], bf16=bf16
     )
 
+
+V41_VOCAB = Call("deepinfer_sm80.formats.v41:V41", path="vocab")
+MARKOV_RANK = Call("deepinfer_sm80.formats.v41:V41", path="markov_rank")
+DSPARK_BLOCK = Const("overlay/deepinfer_sm80/ops/dspark_draft/reference.py:SAMPLE_BLOCK")
+TINY_AB = "bench-ab/tiny-v41-20261202T012214Z/ab.json"
+
+
+def ab_method() -> tuple[Figure, ...]:
+    doc, ab = "docs/AB_METHOD.md", TINY_AB
+    per_position = "A/B has per-position |d_t|"
+    return (
+        Figure(doc, "0.005", "two-sided p ≈ 0.005 at 30 degrees", Calc("2 * t_sf(3, 30)")),
+        Figure(doc, "0.01", "≈ 0.01 for the larger of its 2 documents", Calc("1 - (1 - 2 * t_sf(3, 30)) ** 2")),
+        Figure(doc, "0.1", "~0.1 nats/token on its 31-position documents",
+               Calc("s / sqrt(n)", s=Json(ab, "numeric_certificate.checks.1.worst.dnll_sd"),
+                    n=Json(ab, "numeric_certificate.checks.1.worst.positions"))),
+        Figure(doc, "0.02", "the bound of 0.02 that profile first declared",
+               Json(ab, "numeric_certificate.tolerances_of_the_run.nll_doc_abs")),
+        Figure(doc, "0.15", per_position, Json(ab, "numerics.1.ab.0.dnll_abs_mean")),
+        Figure(doc, "1.3", per_position, Json(ab, "numerics.1.ab.0.dnll_abs_p99")),
+        Figure(doc, "2.5", per_position, Json(ab, "numerics.1.ab.0.dnll_abs_max")),
+        Figure(doc, "25.9", "prompt NLL 25.9 nats/token",
+               Json("bench-ab/tiny-v41-20261202T012214Z/summary.json", "runs.4.nll_mean")),
+        Figure(doc, "0.5", "stays as a gross guard",
+               Const("overlay/deepinfer_sm80/testing/e2e/runner.py:NLL_GROSS_GUARD")),
+        Figure(doc, "0.5", "at B = 0.5 against B = 1",
+               Defined("the example plan's burstiness, `burstiness: [0.5, 2]`, in the line above")),
+        Figure(doc, "0.9", "drops below 0.9",
+               Const("harness/deepinfer_harness/analysis/report.py:SATURATION")),
+        Figure(doc, "1.0", "(1.0 in the tiny V4.1 profile",
+               Text("harness/profiles/tiny-v41.yaml", r"greedy_match: (\d+\.\d+)")),
+        Figure(doc, "12.7", "from 2 runs a t interval is ±12.7", Calc("t_ppf(0.975, 1)")),
+        Figure(doc, "2.2", "SD 2.2 for the engine", Json("e2e-nll-shift.json", "independent.engine.residual_z_sd")),
+        Figure(doc, "2.15", "and 2.15 for the oracle against itself",
+               Json("e2e-nll-shift.json", "independent.oracle_order.residual_z_sd")),
+    )  # fmt: skip
+
+
+V41_SHAPE = {k: Call("deepinfer_sm80.formats.v41:V41", path=k) for k in ("hidden", "hc_mult")}
+V41_ROW = {
+    "n": Call("deepinfer_sm80.formats.v41:V41", path="nope_dim"),
+    "r": Call("deepinfer_sm80.formats.v41:V41", path="rope_dim"),
+}
+# mHC's fn: (2 + hc) * hc projections of the hc * hidden residual, fp32
+MHC_FN = "(2 + hc_mult) * hc_mult * hc_mult * hidden * 4"
+MHC_FLOOR = {
+    f"t{i}": Json("gpu/mhc-bench-31b5269/mhc-h200.json", f"targets.{2 * i + 1}.measured") for i in range(8)
+}
 
 BLOCKERS = "docs/BLOCKERS.md"
 FIGURES: tuple[Figure, ...] = (
@@ -135,4 +183,55 @@ FIGURES: tuple[Figure, ...] = (
     Figure("docker/README.md", "3.13", "| `PYTHON_VERSION` |", Quoted("vendor: Debian 13 (trixie) ships Python 3.13", r"Debian trixie")),
     Figure("docker/README.md", "30 min", "waits up to 30 min",
            Quoted("upstream: vLLM 0.32.0 ray_utils.py _wait_until_pg_ready's placement-group timeout", r"ray_utils\.py")),
+    # docs/AB_METHOD.md
+    *ab_method(),
+    # docs/DSPARK.md
+    *capabilities("docs/DSPARK.md", "9.0"),
+    Figure("docs/DSPARK.md", "0.006", "when its own test ran next (0.006 s)",
+           Text("results/gpu/dspark_draft-h200-tests-12ba3da.xml", r'test_one_launch_chain_matches_reference\[random-False\]" time="([\d.]+)"')),
+    Figure("docs/DSPARK.md", "0.25", "below u = 0.25", Text("overlay/deepinfer_sm80/ops/dspark_draft/kernel.py", r"tl\.where\(u < ([\d.]+),")),
+    Figure("docs/DSPARK.md", "1,024", "*", Const("overlay/deepinfer_sm80/ops/dspark_draft/reference.py:SAMPLE_BLOCK")),
+    Figure("docs/DSPARK.md", "129,280", "*", V41_VOCAB),
+    Figure("docs/DSPARK.md", "2,504", "V = 2,504 in the interpreter", Text("overlay/tests/ops/test_dspark_draft.py", r"V = V41\.vocab if GPU else (\d+)")),
+    *(Figure("docs/DSPARK.md", fig, "per-rank shards", Calc(f"v / {tp}", v=V41_VOCAB))
+      for fig, tp in (("64,640", 2), ("32,320", 4), ("16,160", 8))),
+    Figure("docs/DSPARK.md", "512 KB", "its 512 KB slice", Calc("b * r * 2 / 1024", b=DSPARK_BLOCK, r=MARKOV_RANK)),
+    Figure("docs/DSPARK.md", "66 MB", "read the 66 MB head once", Calc("v * r * 2 / 1e6", v=V41_VOCAB, r=MARKOV_RANK)),
+    Figure("docs/DSPARK.md", "74 KB", "Cross-compiled: 189–202 registers", Json("sm80-compile.json", "kernels.6.smem_bytes", scale=1024)),
+    # docs/MHC.md
+    *capabilities("docs/MHC.md", "9.0"),
+    Figure("docs/MHC.md", "1.30x", "the write-up's 1.30x / 2.89x", Quoted("seed: the reference write-up's mHC speed-ups at T = 6 / 12", r"write-up's")),
+    Figure("docs/MHC.md", "2.89x", "the write-up's 1.30x / 2.89x", Quoted("seed: the reference write-up's mHC speed-ups at T = 6 / 12", r"write-up's")),
+    Figure("docs/MHC.md", "1024", "| every later boundary |", Quoted("upstream: vLLM 0.32.0's hc_prenorm_gemm TileLang config, which switches at 1024 tokens", r"upstream function")),
+    Figure("docs/MHC.md", "128", "*", Const("overlay/deepinfer_sm80/ops/mhc/splits.py:TC_MIN_TOKENS")),
+    Figure("docs/MHC.md", "13.0", "TileLang 0.1.12 -> CUDA C -> nvcc 13.0", pin("CUDA_MAJOR_MINOR")),
+    Figure("docs/MHC.md", "2.11", "## H200 run (2026-12-01", Json("gpu/mhc-run1/mhc-h200-run1.json", "provenance.versions.torch")),
+    Figure("docs/MHC.md", "3.6", "## H200 run (2026-12-01", Json("gpu/mhc-run1/mhc-h200-run1.json", "provenance.versions.triton")),
+    Figure("docs/MHC.md", "2.11", "One device call after the GPU check above", Json("gpu/mhc-bench-31b5269/mhc-h200.json", "provenance.versions.torch")),
+    Figure("docs/MHC.md", "3.6", "One device call after the GPU check above", Json("gpu/mhc-bench-31b5269/mhc-h200.json", "provenance.versions.triton")),
+    Figure("docs/MHC.md", "47 MB", "fn is read once per 64 tokens", Calc("1536 / 64 * MHC_FN_BYTES / 1e6".replace("MHC_FN_BYTES", MHC_FN), **V41_SHAPE)),
+    Figure("docs/MHC.md", "755 MB", "fn is read once per 64 tokens", Calc("1536 / 4 * MHC_FN_BYTES / 1e6".replace("MHC_FN_BYTES", MHC_FN), **V41_SHAPE)),
+    Figure("docs/MHC.md", "7.0", "The floor targets are missed at every T they cover",
+           Calc(f"min({', '.join(f't{i}' for i in range(8))})", **MHC_FLOOR)),
+    Figure("docs/MHC.md", "8.8", "The floor targets are missed at every T they cover",
+           Calc(f"max({', '.join(f't{i}' for i in range(8))})", **MHC_FLOOR)),
+    # docs/OPERATORS.md
+    Figure("docs/OPERATORS.md", "256", "> 256 tokens per request",
+           Text("overlay/deepinfer_sm80/testing/cases/topk_swa_combine.py", r'Chunk\("gt-(\d+)-per-request"')),
+    Figure("docs/OPERATORS.md", "2048", "or 8 (from 2048 tokens)", Const("overlay/deepinfer_sm80/ops/kv_quant_insert.py:PREFILL_MIN_TOKENS")),
+    Figure("docs/OPERATORS.md", "1 KB", "*", Calc("(n + r) * 2 / 1024", **V41_ROW)),
+    *(Figure("docs/OPERATORS.md", fig, "At 1,536 / 4,096 / 8,192 tokens", Json("gpu/kv_quant_insert-h200.json", f"rows.{i}.size"))
+      for fig, i in (("1,536", 12), ("4,096", 15), ("8,192", 18))),
+    *(Figure("docs/OPERATORS.md", fig, "the op moves 2.5 / 6.6 / 13 MB",
+             Calc("t * b / 1e6", t=Json("gpu/kv_quant_insert-h200.json", f"rows.{i}.size"),
+                  b=Json("gpu/kv_quant_insert-h200.json", "results.bytes_per_token")))
+      for fig, i in (("2.5", 12), ("6.6", 15), ("13 MB", 18))),
+    Figure("docs/OPERATORS.md", "1,536", "under the 70 % goal at 1,536-8,192 tokens", Json("gpu/kv_quant_insert-h200.json", "rows.12.size")),
+    Figure("docs/OPERATORS.md", "8,192", "under the 70 % goal at 1,536-8,192 tokens", Json("gpu/kv_quant_insert-h200.json", "rows.18.size")),
+    Figure("docs/OPERATORS.md", "1,536", "where it was checked at 1,536 and 4,096 only",
+           Const("overlay/deepinfer_sm80/bench/topk_swa_combine.py:SWEEP_SIZES.1")),
+    Figure("docs/OPERATORS.md", "4,096", "where it was checked at 1,536 and 4,096 only",
+           Const("overlay/deepinfer_sm80/bench/topk_swa_combine.py:SWEEP_SIZES.2")),
+    *(Figure("docs/OPERATORS.md", fig, "at T = 1, 64 and 512 are", Json("gpu/topk_swa_combine-h200.json", f"results.shapes.{i}.timings.optimized out=.us"))
+      for fig, i in (("1.53", 0), ("2.90", 2), ("1.52", 5), ("2.76", 7))),
 )  # fmt: skip

@@ -103,6 +103,30 @@ def constants(path: Path) -> dict[str, object]:
     return names
 
 
+def _t_sf(x: float, df: float) -> float:
+    """P(T > x) of Student's t with df degrees of freedom."""
+    from scipy import stats
+
+    return float(stats.t.sf(x, df))
+
+
+def _t_ppf(q: float, df: float) -> float:
+    from scipy import stats
+
+    return float(stats.t.ppf(q, df))
+
+
+CALC_FUNCTIONS = {
+    "min": min,
+    "max": max,
+    "ceil": math.ceil,
+    "log2": math.log2,
+    "sqrt": math.sqrt,
+    "t_sf": _t_sf,
+    "t_ppf": _t_ppf,
+}
+
+
 class Source:
     def value(self, root: Path) -> float:
         raise NotImplementedError
@@ -209,7 +233,7 @@ class Calc(Source):
 
     def value(self, root: Path) -> float:
         env = {k: s.value(root) for k, s in self.args.items()}
-        return float(eval(self.expr, {"__builtins__": {}, "ceil": math.ceil, "log2": math.log2}, env))
+        return float(eval(self.expr, {"__builtins__": {}, **CALC_FUNCTIONS}, env))
 
     def describe(self) -> str:
         return f"{self.expr} with " + ", ".join(f"{k} = {s.describe()}" for k, s in self.args.items())

@@ -421,9 +421,11 @@ ISSUE_39 = (
 
 
 # ----------------------------------------------------------------------------- figures in prose
-FIGURE = re.compile(r"(?<![\w.$/-])\d{1,3}(?:,\d{3})+(?:\.\d+)?(?![\w.])|(?<![\w.$/-])\d+\.\d+(?:[×x%])?(?![\w.])"  # noqa: E501
-                    r"|(?<![\w.$/-])\d+(?:[×%]| ?(?:GiB|GB|MB|KB|TB/s|GB/s|µs|ms|nats|min))(?![\w])"
-                    r"|(?<![\w.$/-])\d{3,}(?=(?: \w+)? (?:tensors|tokens|parameters|targets)\b)")  # fmt: skip
+LEAD = r"(?<![\w.,$/])(?<!(?<!\d)-)"  # a figure starts a number: not inside a word, a version or a path
+FIGURE = re.compile(LEAD + r"\d{1,3}(?:,\d{3})+(?:\.\d+)?(?![\w.])"  # 5,530,310
+                    r"|" + LEAD + r"\d+\.\d+(?:[×x%])?(?![\w.])"  # 2.13, 1.56×
+                    r"|" + LEAD + r"\d+(?:[×%]| ?(?:GiB|GB|MB|KB|TB/s|GB/s|µs|ms|nats|min))(?![\w])"  # 4 GiB
+                    r"|" + LEAD + r"\d{3,}(?=(?: \w+)? (?:tensors|tokens|parameters|targets)\b)")  # fmt: skip
 LEGACY = Path(__file__).with_name("claims_figures_legacy.txt")
 
 
