@@ -111,6 +111,167 @@ MHC_FLOOR = {
     f"t{i}": Json("gpu/mhc-bench-31b5269/mhc-h200.json", f"targets.{2 * i + 1}.measured") for i in range(8)
 }
 
+
+def v41(path: str, *args: int) -> Call:
+    """A V4.1 shape (formats/v41.py, the one definition): `V41.<path>`, or `V41.per_rank(tp).<path>`."""
+    if args:
+        return Call("deepinfer_sm80.formats.v41:V41.per_rank", args, path)
+    return Call("deepinfer_sm80.formats.v41:V41", path=path)
+
+
+def model() -> tuple[Figure, ...]:
+    doc = "docs/MODEL.md"
+    whitepaper = r"whitepaper|datasheet"
+    a100 = "| A100 40 / 80 GB SXM |"
+    ga102 = ("| RTX 3090 |", "| RTX A6000 |")
+    smem = "| shared memory per SM / per block (opt-in) |"
+    device = "deepinfer_sm80.device"
+    return (
+        *capabilities(doc, "8.0", "8.6"),
+        Figure(doc, "1,790", "Context KV per token per rank is about 1,790 bytes",
+               Calc("3 * r / 2 + r + 3 * i / 2 + i", r=RECORD, i=Const(f"{TOPOLOGY}:IKV_RECORD_BYTES"))),
+        Figure(doc, "128", "| sliding window |", v41("window")),
+        Figure(doc, "129,280", "| vocabulary |", v41("vocab")),
+        *(Figure(doc, fig, "| lm_head shard |", v41("lm_head_shard", tp))
+          for fig, tp in (("64,640", 2), ("32,320", 4), ("16,160", 8))),
+        Figure(doc, "2.0", "post alpha 2.0 (hard-coded upstream)",
+               Quoted("upstream: vLLM 0.32.0's mHC post alpha, a literal in its kernels", r"hard-coded upstream")),
+        Figure(doc, "1.56", a100, Quoted("vendor: NVIDIA A100 whitepaper (40 GB: 1,555 GB/s)", whitepaper)),
+        Figure(doc, "2.04", a100, Quoted("vendor: NVIDIA A100 80GB datasheet (2,039 GB/s)", whitepaper)),
+        Figure(doc, "80 GB", a100, Quoted("vendor: NVIDIA A100 80GB datasheet", whitepaper)),
+        Figure(doc, "80GB", a100, Quoted("vendor: NVIDIA A100 80GB datasheet", whitepaper)),
+        Figure(doc, "40 MB", a100, Quoted("vendor: NVIDIA A100 whitepaper (40 MB L2)", whitepaper)),
+        Figure(doc, "40 MB", "| A800 |", Quoted("vendor: NVIDIA A800 datasheet", whitepaper)),
+        Figure(doc, "64 GB", "| GA100 64 GB boards", Quoted("owner: the GA100 64 GB boards' report", r"owner's report")),
+        Figure(doc, "0.94", ga102[0], Quoted("vendor: NVIDIA GA102 whitepaper (RTX 3090: 936 GB/s)", whitepaper)),
+        Figure(doc, "0.77", ga102[1], Quoted("vendor: NVIDIA RTX A6000 datasheet (768 GB/s)", whitepaper)),
+        *(Figure(doc, "6 MB", row, Quoted("vendor: NVIDIA GA102 whitepaper (6 MB L2)", whitepaper)) for row in ga102),
+        Figure(doc, "164 KB", smem, Call(f"{device}:SM80", path="smem_per_sm", scale=1024)),
+        Figure(doc, "166,912", smem, Call(f"{device}:SM80", path="smem_per_block")),
+        Figure(doc, "100 KB", smem, Call(f"{device}:SM86", path="smem_per_sm", scale=1024)),
+        Figure(doc, "101,376", smem, Call(f"{device}:SM86", path="smem_per_block")),
+        Figure(doc, "99 KB", "fit every tile under SM86's 99 KB", Call(f"{device}:SM86", path="smem_per_block", scale=1024)),
+    )  # fmt: skip
+
+
+def oracle() -> tuple[Figure, ...]:
+    """ORACLE.md: the calibration run (results/oracle/calibration-cpu.json), the tolerances
+    (testing/oracle/tolerance.py) and their ratios, the tiny checkpoint's recipe (make_tiny_v41.py)."""
+    doc, cal = "docs/ORACLE.md", "oracle/calibration-cpu.json"
+    tol = "overlay/deepinfer_sm80/testing/oracle/tolerance.py"
+    tiny = "scripts/make_tiny_v41.py"
+
+    def worst(ckpt: int, mode: str, key: str) -> Json:
+        return Json(cal, f"per_checkpoint.{ckpt}.worst.{mode}.{key}")
+
+    def mutation(ckpt: int, name: str) -> Json:
+        return Json(cal, f"per_checkpoint.{ckpt}.mutations_nll_mean_abs.{name}")
+
+    table = {  # the calibration table: row -> (its key, the four cells: default order / fp32, small-topk order / fp32)
+        "| per-token abs NLL change |": ("nll_token_max", ("0.97", "3.24", "1.81", "5.06")),
+        "| abs change of a prompt's mean NLL |": ("nll_mean_abs", ("0.047", "0.36", "0.102", "0.41")),
+        "| change of a position's top-1 - top-2 margin |": (
+            "margin_change_max",
+            ("1.0", "3.1", "1.75", "4.6"),
+        ),
+        "| any single logit |": ("logit_change_max", ("4.2", "5.3", "4.2", "5.3")),
+    }
+    cells = [
+        Figure(doc, fig, row, worst(ckpt, mode, key))
+        for row, (key, figs) in table.items()
+        for fig, (ckpt, mode) in zip(
+            figs, ((0, "order"), (0, "fp32"), (1, "order"), (1, "fp32")), strict=True
+        )
+    ]
+    cells = [
+        c for i, c in enumerate(cells) if (c.figure, c.where) not in {(d.figure, d.where) for d in cells[:i]}
+    ]
+    quantiles = {
+        "| default |": (0, ("0.38", "0.74", "1.92", "5.06", "10.1")),
+        "| small-topk |": (1, ("0.31", "0.61", "1.63", "3.81", "9.1")),
+    }
+    token, mean, selecting = "| `NLL_TOKEN_TOL` |", "| `NLL_MEAN_TOL` |", "| `NLL_MEAN_TOL_SELECTING` |"
+    margin, margin_sel = "| `GREEDY_MARGIN` |", "| `GREEDY_MARGIN_SELECTING` |"
+    return (
+        *cells,
+        *(Figure(doc, fig, row, Json(cal, f"per_checkpoint.{ckpt}.margin_quantiles.{q}"))
+          for row, (ckpt, figs) in quantiles.items()
+          for fig, q in zip(figs, ("0.05", "0.1", "0.25", "0.5", "0.75"), strict=True)),
+        Figure(doc, "4.0", token, Const(f"{tol}:NLL_TOKEN_TOL")),
+        Figure(doc, "2.2", token, Calc("t / w", t=Const(f"{tol}:NLL_TOKEN_TOL"), w=worst(1, "order", "nll_token_max"))),
+        Figure(doc, "1.81", token, worst(1, "order", "nll_token_max")),
+        Figure(doc, "0.125", mean, Const(f"{tol}:NLL_MEAN_TOL")),
+        Figure(doc, "2.7", mean, Calc("t / w", t=Const(f"{tol}:NLL_MEAN_TOL"), w=worst(0, "order", "nll_mean_abs"))),
+        Figure(doc, "0.047", mean, worst(0, "order", "nll_mean_abs")),
+        Figure(doc, "1.9", mean, Calc("min(a, b, c, d) / t", t=Const(f"{tol}:NLL_MEAN_TOL"),
+                                      **{k: mutation(0, n) for k, n in zip("abcd", ("no_sink", "no_fp8_kv", "no_engram", "no_inverse_rope"), strict=True)})),
+        Figure(doc, "0.25", selecting, Const(f"{tol}:NLL_MEAN_TOL_SELECTING")),
+        Figure(doc, "2.5", selecting, Calc("t / w", t=Const(f"{tol}:NLL_MEAN_TOL_SELECTING"), w=worst(1, "order", "nll_mean_abs"))),
+        Figure(doc, "0.102", selecting, worst(1, "order", "nll_mean_abs")),
+        *(Figure(doc, fig, selecting, Calc("m / t", t=Const(f"{tol}:NLL_MEAN_TOL_SELECTING"), m=mutation(1, name)))
+          for fig, name in (("2.9", "all_compressed"), ("1.4", "no_sink"), ("0.4", "no_fp8_kv"), ("0.24", "no_candidates"))),
+        Figure(doc, "2.0", margin, Const(f"{tol}:GREEDY_MARGIN")),
+        Figure(doc, "1.0", margin, worst(0, "order", "margin_change_max")),
+        Figure(doc, "3.5", margin_sel, Const(f"{tol}:GREEDY_MARGIN_SELECTING")),
+        Figure(doc, "1.75", margin_sel, worst(1, "order", "margin_change_max")),
+        Figure(doc, "0.25", "The no-fp8 mutation below moves the mean NLL by 0.25 nats", mutation(0, "no_fp8_kv")),
+        Figure(doc, "512", "With the default config (top-k 512)", Json(cal, "per_checkpoint.0.index_topk")),
+        Figure(doc, "1,024", "in a 1,024 vocabulary", Text(tiny, r'"vocab_size": (\d+)')),
+        Figure(doc, "20,480", "K up to 20,480 in the mHC projection", Calc("hc_mult * hidden", **V41_SHAPE)),
+        Figure(doc, "0.02", "A random-weight head with N(0, 0.02^2) rows", Text(tiny, r'"initializer_range": ([\d.]+)')),
+        Figure(doc, "0.05", "*", Const(f"{tiny}:HEAD_STD")),
+        Figure(doc, "6.9", "of ln 1024 = 6.9", Calc("log(v)", v=Text(tiny, r'"vocab_size": (\d+)'))),
+    )  # fmt: skip
+
+
+def gpus(profile: str) -> Calc:
+    """tp x pp of a harness profile's topology line."""
+    path = f"harness/profiles/{profile}.yaml"
+    return Calc(
+        "tp * pp", tp=Text(path, r"^topology: \{tp: (\d+)"), pp=Text(path, r"^topology: \{tp: \d+, pp: (\d+)")
+    )
+
+
+def harness_readme() -> tuple[Figure, ...]:
+    doc, ab, hb = "harness/README.md", TINY_AB, "harness/deepinfer_harness"
+    tiny = "All 8 runs valid, arm parity ok"
+    cert = "`test_nll_certificate.py` (the NLL z rule"
+    stats = f"{hb}/analysis/stats.py"
+    manifest = "bench-ab/tiny-v41-20261202T012214Z/manifest.json"
+    return (
+        Figure(doc, "0.02", tiny, Json(ab, "numeric_certificate.tolerances_of_the_run.nll_doc_abs")),
+        Figure(doc, "2.5", tiny, Json(ab, "numerics.1.ab.0.dnll_abs_max")),
+        Figure(doc, "1.0", tiny, Json(ab, "numerics.1.ab.0.top1_agreement")),
+        Figure(doc, "0.15", "rounding noise of mean size 0.15 nats", Json(ab, "numerics.1.ab.0.dnll_abs_mean")),
+        Figure(doc, "0.1", "mean moves by ~0.1 by noise alone",
+               Calc("s / sqrt(n)", s=Json(ab, "numeric_certificate.checks.1.worst.dnll_sd"),
+                    n=Json(ab, "numeric_certificate.checks.1.worst.positions"))),
+        Figure(doc, "0.05", cert, Text("harness/tests/test_nll_certificate.py", r"shift = ([\d.]+) \+ alternating")),
+        Figure(doc, "0.02", cert, Text("harness/tests/test_nll_certificate.py", r'old = certificate\(.*"nll_doc_abs": ([\d.]+)\}')),
+        Figure(doc, "5 MB", cert, Text("harness/tests/test_client_fake.py", r"~(\d+) MB single-line first event")),
+        Figure(doc, "0.5", "`rate-i3k-o512-r0p5-poisson` (open loop, 0.5 requests/s",
+               Defined("the rate the cell id beside it spells (r0p5)")),
+        Figure(doc, "0.9", "rate attainment is below 0.9", Const(f"{hb}/analysis/report.py:SATURATION")),
+        Figure(doc, "0.975", "floor = |mean| + t(0.975, n−1)", Calc("(1 + 0.95) / 2")),  # a two-sided 95 % interval
+        Figure(doc, "12.7", "from 2 runs a t interval is ±12.7", Calc("t_ppf(0.975, 1)")),
+        Figure(doc, "1.60×", "Two A runs 1.60× apart give a floor of 60 %", Defined("a worked example of the floor rule")),
+        *(Figure(doc, "2.8", "**MDE** = exp(max(floor, 2.8",
+                 Calc("a + b", a=Text(stats, r"^Z_ALPHA, Z_POWER = ([\d.]+),"), b=Text(stats, r"^Z_ALPHA, Z_POWER = [\d.]+, ([\d.]+)"))),),
+        Figure(doc, "3×", "*", Text(f"{hb}/config.py", r"first_request_factor: Float = ([\d.]+)")),
+        Figure(doc, "5 ms", "a thread writes a byte into a socket pair every 5 ms", Const(f"{hb}/run/looplag.py:PERIOD_NS", scale=1e6)),
+        Figure(doc, "256 KB", "in pieces of ≤ 256 KB", Text(f"{hb}/workloads.py", r"max_chars: int = (\d+) \* 1024")),
+        Figure(doc, "25 min", "| `tiny-v41` |", Calc("(e - s) / 60", e=Json(manifest, "ended_at"), s=Json(manifest, "started_at"))),
+        Figure(doc, "16×", "| `a800x16-tp8pp2` |", gpus("a800x16-tp8pp2")),
+        Figure(doc, "6×", "| `ga100x6-tp2pp3` |", gpus("ga100x6-tp2pp3")),
+        Figure(doc, "8×", "| `ga100x8-tp4pp2` |", gpus("ga100x8-tp4pp2")),
+        Figure(doc, "8×", "| `a100x8-tp8` |", Text("harness/profiles/a100x8-tp8.yaml", r"^topology: \{tp: (\d+)")),
+        Figure(doc, "64 GB", "| `ga100x6-tp2pp3` |", Text("harness/profiles/ga100x6-tp2pp3.yaml", r"^# 6x GA100 (\d+)GB")),
+        Figure(doc, "1.25×", "every token 1.25× sooner on 8", Text("harness/tests/test_compare.py", r'\("ga100x8-tp4pp2-synth", \(4, 2\), ([\d.]+)\)')),
+        Figure(doc, "0.800×", "every token 1.25× sooner on 8",
+               Calc("1 / f", f=Text("harness/tests/test_compare.py", r'\("ga100x8-tp4pp2-synth", \(4, 2\), ([\d.]+)\)'))),
+    )  # fmt: skip
+
+
 BLOCKERS = "docs/BLOCKERS.md"
 FIGURES: tuple[Figure, ...] = (
     *capabilities(BLOCKERS, "8.0", "8.6", "8.9", "9.0"),
@@ -234,4 +395,10 @@ FIGURES: tuple[Figure, ...] = (
            Const("overlay/deepinfer_sm80/bench/topk_swa_combine.py:SWEEP_SIZES.2")),
     *(Figure("docs/OPERATORS.md", fig, "at T = 1, 64 and 512 are", Json("gpu/topk_swa_combine-h200.json", f"results.shapes.{i}.timings.optimized out=.us"))
       for fig, i in (("1.53", 0), ("2.90", 2), ("1.52", 5), ("2.76", 7))),
+    # docs/MODEL.md
+    *model(),
+    # docs/ORACLE.md
+    *oracle(),
+    # harness/README.md
+    *harness_readme(),
 )  # fmt: skip

@@ -45,22 +45,34 @@ def shown(figure: str) -> tuple[float, int]:
 
 
 def agrees(figure: str, value: float) -> bool:
+    """The figure shows the value at its decimals (its sign is the prose's: -3.5 is the figure 3.5)."""
     number, digits = shown(figure)
+    value = abs(value)
     return math.isclose(round(value, digits), number, rel_tol=0, abs_tol=10 ** -(digits + 3)) or abs(
         value - number
     ) <= 0.5 * 10**-digits * (1 + 1e-9)
 
 
 def _walk(node: object, path: str, where: str) -> object:
-    for key in path.split("."):
+    """Dotted path into dicts, lists and objects; a dict key holding dots ("0.05") is matched whole."""
+    parts = path.split(".")
+    i = 0
+    while i < len(parts):
+        key = parts[i]
         if isinstance(node, list | tuple) and re.fullmatch(r"-?\d+", key):
             node = node[int(key)]
-        elif isinstance(node, dict) and key in node:
-            node = node[key]
-        elif not isinstance(node, dict | list | tuple) and hasattr(node, key):
+        elif isinstance(node, dict):
+            for j in range(len(parts), i, -1):
+                if ".".join(parts[i:j]) in node:
+                    node, i = node[".".join(parts[i:j])], j - 1
+                    break
+            else:
+                raise LookupError(f"{where}: no {path!r}")
+        elif not isinstance(node, list | tuple) and hasattr(node, key):
             node = getattr(node, key)
         else:
             raise LookupError(f"{where}: no {path!r}")
+        i += 1
     return node
 
 
@@ -120,6 +132,7 @@ CALC_FUNCTIONS = {
     "min": min,
     "max": max,
     "ceil": math.ceil,
+    "log": math.log,
     "log2": math.log2,
     "sqrt": math.sqrt,
     "t_sf": _t_sf,
@@ -188,7 +201,9 @@ class Call(Source):
         if str(REPO / "overlay") not in sys.path:
             sys.path.insert(0, str(REPO / "overlay"))
         module, _, name = self.ref.partition(":")
-        node = getattr(importlib.import_module(module), name)
+        node: object = importlib.import_module(module)
+        for part in name.split("."):  # "V41.per_rank": an attribute of an object
+            node = getattr(node, part)
         node = node(*self.args) if callable(node) else node
         node = _walk(node, self.path, self.ref) if self.path else node
         return float(node) / self.scale  # type: ignore[arg-type]

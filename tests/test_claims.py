@@ -421,7 +421,7 @@ ISSUE_39 = (
 
 
 # ----------------------------------------------------------------------------- figures in prose
-LEAD = r"(?<![\w.,$/])(?<!(?<!\d)-)"  # a figure starts a number: not inside a word, a version or a path
+LEAD = r"(?<![\w.,$/])(?<![^\W\d]-)"  # a number's start: not in a word, a version, a path (-3.5, 1-2: yes)
 FIGURE = re.compile(LEAD + r"\d{1,3}(?:,\d{3})+(?:\.\d+)?(?![\w.])"  # 5,530,310
                     r"|" + LEAD + r"\d+\.\d+(?:[×x%])?(?![\w.])"  # 2.13, 1.56×
                     r"|" + LEAD + r"\d+(?:[×%]| ?(?:GiB|GB|MB|KB|TB/s|GB/s|µs|ms|nats|min))(?![\w])"  # 4 GiB
@@ -523,7 +523,7 @@ def figure_disagreements(root: Path = ROOT) -> list[str]:
             continue
         try:
             value = e.source.value(root)
-        except (LookupError, OSError, ValueError, ArithmeticError) as err:
+        except (LookupError, OSError, ValueError, ArithmeticError, NameError, TypeError) as err:
             out.append(f"{head}: source {e.source.describe()}: {err}")
             continue
         if not agrees(e.figure, value):
