@@ -706,6 +706,20 @@ def render_run_wall(res: Results, args: dict[str, str]) -> str:
     return f"{(end - start) / 60:.1f} min"
 
 
+def render_nll_shift(res: Results, args: dict[str, str]) -> str:
+    """The NLL-shift tables of docs/E2E_CPU.md from a logit_rows result (results/e2e-nll-shift.json),
+    by the writer's own renderer (`logit_rows --render`): per E2E prompt, and over the independent ones."""
+    overlay = str(ROOT / "overlay")
+    if overlay not in sys.path:
+        sys.path.insert(0, overlay)
+    from deepinfer_sm80.testing.e2e.logit_rows import render
+
+    doc = res.json(_need(args, "file"))
+    if "per_prompt" not in doc:
+        raise ReportError(f"results/{args['file']}: not a logit_rows result (no per_prompt)")
+    return render(doc)
+
+
 RENDERERS: dict[str, Callable[[Results, dict[str, str]], str]] = {
     "e2e-cases": render_e2e_cases,
     "e2e-summary": render_e2e_summary,
@@ -733,6 +747,7 @@ RENDERERS: dict[str, Callable[[Results, dict[str, str]], str]] = {
     "serve-command": render_serve_command,
     "hardware-fit": render_hardware_fit,
     "image-smoke": render_image_smoke,
+    "nll-shift": render_nll_shift,
 }
 
 
