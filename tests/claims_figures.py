@@ -288,6 +288,9 @@ FIGURES: tuple[Figure, ...] = (
     *(Figure(BLOCKERS, fig, f"| {tp} | ", wo_a(tp, what))
       for tp, figs in ((2, ("688.67", "687.33")), (4, ("344.34", "343.66")), (8, ("172.17", "171.83")))
       for fig, what in zip(figs, ("mxfp8", "over"), strict=True)),
+    *(Figure(BLOCKERS, fig, f"| {tp} | ", Call("deepinfer_sm80.ops.o_proj:wo_a_bytes", (tp,), key, scale=2**20))
+      for tp, figs in ((2, ("32 MiB", "1376 MiB")), (4, ("16 MiB", "688 MiB")), (8, ("8 MiB", "344 MiB")))
+      for fig, key in zip(figs, ("bf16_per_layer", "bf16_total"), strict=True)),
     Figure(BLOCKERS, "2.11", "patches-h200.json (H200: torch 2.11", H200_TORCH),
     Figure(BLOCKERS, "3.6", "patches-h200.json (H200: torch 2.11, triton 3.6", H200_TRITON),
     Figure(BLOCKERS, "2.13", "*", pin("TORCH_VERSION")),
@@ -308,6 +311,7 @@ FIGURES: tuple[Figure, ...] = (
     # docs/INDEXER.md
     *capabilities("docs/INDEXER.md", "8.0", "8.9", "9.0"),
     Figure("docs/INDEXER.md", "3.7", "(triton 3.7's", pin("TRITON_VERSION")),
+    Figure("docs/INDEXER.md", "128 MiB", "*", Const("overlay/deepinfer_sm80/ops/indexer/stream.py:WORKSPACE_BYTES", scale=2**20)),
     Figure("docs/INDEXER.md", "32 GiB", "a [8192, 1M] fp32 matrix alone is 32 GiB", Calc("8192 * 2**20 * 4 / 2**30")),
     # docs/PATCH_01.md
     *capabilities("docs/PATCH_01.md", "8.0"),
@@ -365,6 +369,8 @@ FIGURES: tuple[Figure, ...] = (
     Figure("docs/MHC.md", "2.89x", "the write-up's 1.30x / 2.89x", Quoted("seed: the reference write-up's mHC speed-ups at T = 6 / 12", r"write-up's")),
     Figure("docs/MHC.md", "1024", "| every later boundary |", Quoted("upstream: vLLM 0.32.0's hc_prenorm_gemm TileLang config, which switches at 1024 tokens", r"upstream function")),
     Figure("docs/MHC.md", "128", "*", Const("overlay/deepinfer_sm80/ops/mhc/splits.py:TC_MIN_TOKENS")),
+    Figure("docs/MHC.md", "64 MiB", "since one call carries at most 64 MiB",
+           Quoted("vendor: the device service's limit on what one call carries (its README)", r"one call carries at most")),
     Figure("docs/MHC.md", "13.0", "TileLang 0.1.12 -> CUDA C -> nvcc 13.0", pin("CUDA_MAJOR_MINOR")),
     Figure("docs/MHC.md", "2.11", "## H200 run (2026-12-01", Json("gpu/mhc-run1/mhc-h200-run1.json", "provenance.versions.torch")),
     Figure("docs/MHC.md", "3.6", "## H200 run (2026-12-01", Json("gpu/mhc-run1/mhc-h200-run1.json", "provenance.versions.triton")),
