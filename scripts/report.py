@@ -706,6 +706,39 @@ def render_run_wall(res: Results, args: dict[str, str]) -> str:
     return f"{(end - start) / 60:.1f} min"
 
 
+CALIBRATION_ROWS = {
+    "nll_token_max": "per-token abs NLL change",
+    "nll_mean_abs": "abs change of a prompt's mean NLL",
+    "margin_change_max": "change of a position's top-1 - top-2 margin",
+    "logit_change_max": "any single logit",
+}
+
+
+def render_oracle_calibration(res: Results, args: dict[str, str]) -> str:
+    """docs/ORACLE.md's calibration tables from results/oracle/calibration-cpu.json, one column per
+    checkpoint (`labels=` names them, in order): `table=worst`, the worst like-for-like change per
+    quantity in order and fp32 mode; `table=margins`, the quantiles of the top-1 - top-2 margin."""
+    rel = _need(args, "file")
+    ckpts = res.json(rel).get("per_checkpoint") or []
+    labels = _list(args, "labels")
+    if not ckpts or len(labels) != len(ckpts):
+        raise ReportError(f"results/{rel}: {len(ckpts)} checkpoints, labels= names {len(labels)}")
+    if _need(args, "table") == "worst":
+        header = ["quantity"] + [f"{lab}, {mode}" for lab in labels for mode in ("order mode", "fp32 mode")]
+        rows = [[name] + [f"{c['worst'][mode][key]:#.3g}" for c in ckpts for mode in ("order", "fp32")]
+                for key, name in CALIBRATION_ROWS.items()]  # fmt: skip
+        return table(header, rows)
+    qs = list(ckpts[0]["margin_quantiles"])
+    header = ["variant"] + [f"{float(q) * 100:g} %" for q in qs]
+    return table(
+        header,
+        [
+            [lab] + [f"{c['margin_quantiles'][q]:#.3g}" for q in qs]
+            for lab, c in zip(labels, ckpts, strict=True)
+        ],
+    )
+
+
 def render_nll_shift(res: Results, args: dict[str, str]) -> str:
     """The NLL-shift tables of docs/E2E_CPU.md from a logit_rows result (results/e2e-nll-shift.json),
     by the writer's own renderer (`logit_rows --render`): per E2E prompt, and over the independent ones."""
@@ -748,6 +781,7 @@ RENDERERS: dict[str, Callable[[Results, dict[str, str]], str]] = {
     "hardware-fit": render_hardware_fit,
     "image-smoke": render_image_smoke,
     "nll-shift": render_nll_shift,
+    "oracle-calibration": render_oracle_calibration,
 }
 
 

@@ -10,6 +10,8 @@ harness/README.md type in prose outside a rendered region (`<!-- report:… -->`
   imported; `NAME.key` or `NAME.0` goes into a dict or tuple).
 * `Call("package.module:function", args, path)`: what the code computes (imported: the overlay's
   own arithmetic, e.g. `ops.o_proj.wo_a_bytes(2)`), `path` into its result.
+* `Code(what, fn)`: what the overlay's code computes where one call does not reach (`fn` takes no
+  arguments; `what` says it as the reader should read it), e.g. a pipeline plan's payload.
 * `Text(file, pattern)`: a value written in another file of the repository (a Dockerfile's ARG, a
   profile's flag): `pattern` is a regex whose first group is the number.
 * `Quoted(whose, label)`: a figure the project quotes (a vendor's datasheet, upstream's code or docs,
@@ -28,6 +30,8 @@ import ast
 import json
 import math
 import re
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -196,7 +200,6 @@ class Call(Source):
 
     def value(self, root: Path) -> float:
         import importlib
-        import sys
 
         if str(REPO / "overlay") not in sys.path:
             sys.path.insert(0, str(REPO / "overlay"))
@@ -210,6 +213,20 @@ class Call(Source):
 
     def describe(self) -> str:
         return f"{self.ref}{self.args}" + (f"[{self.path}]" if self.path else "")
+
+
+@dataclass(frozen=True)
+class Code(Source):
+    what: str  # the expression, as the reader should read it
+    fn: Callable[[], float] = field(compare=False)
+
+    def value(self, root: Path) -> float:
+        if str(REPO / "overlay") not in sys.path:
+            sys.path.insert(0, str(REPO / "overlay"))
+        return float(self.fn())
+
+    def describe(self) -> str:
+        return self.what
 
 
 @dataclass(frozen=True)
