@@ -71,20 +71,12 @@ TINY_AB = "bench-ab/tiny-v41-20261202T012214Z/ab.json"
 
 def ab_method() -> tuple[Figure, ...]:
     doc, ab = "docs/AB_METHOD.md", TINY_AB
-    per_position = "A/B has per-position |d_t|"
     return (
         Figure(doc, "0.005", "two-sided p ≈ 0.005 at 30 degrees", Calc("2 * t_sf(3, 30)")),
         Figure(doc, "0.01", "≈ 0.01 for the larger of its 2 documents", Calc("1 - (1 - 2 * t_sf(3, 30)) ** 2")),
         Figure(doc, "0.1", "~0.1 nats/token on its 31-position documents",
                Calc("s / sqrt(n)", s=Json(ab, "numeric_certificate.checks.1.worst.dnll_sd"),
                     n=Json(ab, "numeric_certificate.checks.1.worst.positions"))),
-        Figure(doc, "0.02", "the bound of 0.02 that profile first declared",
-               Json(ab, "numeric_certificate.tolerances_of_the_run.nll_doc_abs")),
-        Figure(doc, "0.15", per_position, Json(ab, "numerics.1.ab.0.dnll_abs_mean")),
-        Figure(doc, "1.3", per_position, Json(ab, "numerics.1.ab.0.dnll_abs_p99")),
-        Figure(doc, "2.5", per_position, Json(ab, "numerics.1.ab.0.dnll_abs_max")),
-        Figure(doc, "25.9", "prompt NLL 25.9 nats/token",
-               Json("bench-ab/tiny-v41-20261202T012214Z/summary.json", "runs.4.nll_mean")),
         Figure(doc, "0.5", "stays as a gross guard",
                Const("overlay/deepinfer_sm80/testing/e2e/runner.py:NLL_GROSS_GUARD")),
         Figure(doc, "0.5", "at B = 0.5 against B = 1",
@@ -94,9 +86,6 @@ def ab_method() -> tuple[Figure, ...]:
         Figure(doc, "1.0", "(1.0 in the tiny V4.1 profile",
                Text("harness/profiles/tiny-v41.yaml", r"greedy_match: (\d+\.\d+)")),
         Figure(doc, "12.7", "from 2 runs a t interval is ±12.7", Calc("t_ppf(0.975, 1)")),
-        Figure(doc, "2.2", "SD 2.2 for the engine", Json("e2e-nll-shift.json", "independent.engine.residual_z_sd")),
-        Figure(doc, "2.15", "and 2.15 for the oracle against itself",
-               Json("e2e-nll-shift.json", "independent.oracle_order.residual_z_sd")),
     )  # fmt: skip
 
 
@@ -228,6 +217,7 @@ def harness_readme() -> tuple[Figure, ...]:
         Figure(doc, "0.975", "floor = |mean| + t(0.975, n−1)", Calc("(1 + 0.95) / 2")),  # a two-sided 95 % interval
         Figure(doc, "12.7", "from 2 runs a t interval is ±12.7", Calc("t_ppf(0.975, 1)")),
         Figure(doc, "1.60×", "Two A runs 1.60× apart give a floor of 60 %", Defined("a worked example of the floor rule")),
+        Figure(doc, "1.60", "not the width of an interval around 1.60", Defined("the same worked example")),
         *(Figure(doc, "2.8", "**MDE** = exp(max(floor, 2.8",
                  Calc("a + b", a=Text(stats, r"^Z_ALPHA, Z_POWER = ([\d.]+),"), b=Text(stats, r"^Z_ALPHA, Z_POWER = [\d.]+, ([\d.]+)"))),),
         Figure(doc, "3×", "*", Text(f"{hb}/config.py", r"first_request_factor: Float = ([\d.]+)")),
@@ -335,7 +325,6 @@ FIGURES: tuple[Figure, ...] = (
       for fig, tp in (("64,640", 2), ("32,320", 4), ("16,160", 8))),
     Figure("docs/DSPARK.md", "512 KB", "its 512 KB slice", Calc("b * r * 2 / 1024", b=DSPARK_BLOCK, r=MARKOV_RANK)),
     Figure("docs/DSPARK.md", "66 MB", "read the 66 MB head once", Calc("v * r * 2 / 1e6", v=V41_VOCAB, r=MARKOV_RANK)),
-    Figure("docs/DSPARK.md", "74 KB", "Cross-compiled: 189–202 registers", Json("sm80-compile.json", "kernels.6.smem_bytes", scale=1024)),
     # docs/MHC.md
     *capabilities("docs/MHC.md", "9.0"),
     Figure("docs/MHC.md", "1.30x", "the write-up's 1.30x / 2.89x", Quoted("seed: the reference write-up's mHC speed-ups at T = 6 / 12", r"write-up's")),

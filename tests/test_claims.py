@@ -423,10 +423,11 @@ ISSUE_39 = (
 # ----------------------------------------------------------------------------- figures in prose
 UNIT = r"(?:GiB|MiB|KiB|TiB|GB|MB|KB|TB/s|GB/s|µs|ms|nats|min)"
 LEAD = r"(?<![\w.,$/])(?<![^\W\d]-)"  # a number's start: not in a word, a version, a path (-3.5, 1-2: yes)
-FIGURE = re.compile(LEAD + r"\d{1,3}(?:,\d{3})+(?:\.\d+)?(?![\w.])"  # 5,530,310
-                    r"|" + LEAD + r"\d+\.\d+(?:[×x%])?(?![\w.])"  # 2.13, 1.56×
+FIGURE = re.compile(LEAD + r"\d{1,3}(?:,\d{3})+(?:\.\d+)?(?!\w|\.\d)"  # 5,530,310
+                    r"|" + LEAD + r"\d+\.\d+(?:[×x%])?(?!\w|\.\d)"  # 2.13, 1.56×
                     r"|" + LEAD + r"\d+(?:[×%]| ?" + UNIT + r")(?![\w])"  # 4 GiB
                     r"|" + LEAD + r"\d{3,}(?=(?: \w+)? (?:tensors|tokens|parameters|targets)\b)")  # fmt: skip
+# (a figure may end its sentence: "agreement 1.0." is the figure 1.0)
 LEGACY = Path(__file__).with_name("claims_figures_legacy.txt")
 
 
