@@ -57,7 +57,7 @@ e2e-cpu: setup fetch-vllm tiny-model
 	$(PY) -m deepinfer_sm80.testing.e2e $(if $(EVIDENCE),--plan full --evidence) $(E2E_ARGS)
 
 # every PP2 and PP3 cut of the tiny checkpoint with DSpark at the DeepInfer level, beside the twins they are
-# held to (main, dspark): results/e2e-pp-cuts.json (~1 h on 2 cores; docs/E2E_CPU.md)
+# held to (main, dspark): results/e2e-pp-cuts.json (about an hour on 2 cores: its wall_s; docs/E2E_CPU.md)
 .PHONY: e2e-pp-cuts
 e2e-pp-cuts: setup fetch-vllm tiny-model
 	$(PY) -m deepinfer_sm80.testing.e2e --cuts --engines 'main,dspark,cut_*' --levels optimized --engine-jobs 2 \
