@@ -235,6 +235,64 @@ def harness_readme() -> tuple[Figure, ...]:
     )  # fmt: skip
 
 
+def bare_numbers() -> tuple[Figure, ...]:
+    """Shapes, sizes and limits typed as plain numbers (5120, 1536, 2048) outside the tables above."""
+    mhc, idx, model, val = "docs/MHC.md", "docs/INDEXER.md", "docs/MODEL.md", "docs/VALIDATE.md"
+    splits, bench_mhc = "overlay/deepinfer_sm80/ops/mhc/splits.py", "overlay/deepinfer_sm80/bench/mhc.py"
+    stream, tiny = "overlay/deepinfer_sm80/ops/indexer/stream.py", "scripts/make_tiny_v41.py"
+    ikv = Const(f"{TOPOLOGY}:IKV_RECORD_BYTES")
+    o_input = "| local o-groups / o_proj input |"
+    dims = "Real where the kernels see it: hidden 5120"
+    return (
+        # MHC.md: hidden size, the epilogue's columns, the bench's prefill size
+        Figure(mhc, "5120", "*", v41("hidden")),
+        Figure(mhc, "1024", "| first layer, attention |",
+               Quoted("upstream: vLLM 0.32.0's hc_prenorm_gemm TileLang config below 128 tokens", r"upstream function")),
+        Figure(mhc, "1024", "grid (T, H / 1024", Const(f"{splits}:EPILOGUE_COLUMNS")),
+        Figure(mhc, "1024", "a (T, H / 1024) grid", Const(f"{splits}:EPILOGUE_COLUMNS")),
+        Figure(mhc, "4096", "4096 and 7168 align the same way", Text(splits, r"EPILOGUE_COLUMNS = 1024 .*\((\d+), 5120, 7168 all divide")),
+        Figure(mhc, "7168", "4096 and 7168 align the same way", Text(splits, r"EPILOGUE_COLUMNS = 1024 .*\(4096, 5120, (\d+) all divide")),
+        Figure(mhc, "1536", "*", Const(f"{bench_mhc}:TOKENS.9")),
+        # INDEXER.md: pages, the stream's bounds, V4.1's candidate blocks, the bench's queries
+        Figure(idx, "17280", "Pages are rounded up to 576 bytes", Calc(PAGE.replace("n", "b"), r=ikv, a=ALIGN, b=BLOCK)),
+        Figure(idx, "8640", "Pages are rounded up to 576 bytes", Calc(PAGE.replace("n", "(b / 2)"), r=ikv, a=ALIGN, b=BLOCK)),
+        Figure(idx, "2048", "Layer 20 also keeps its best 2048", v41("candidate_blocks")),
+        Figure(idx, "2048", "[+ the same at 2048 blocks]", v41("candidate_blocks")),
+        Figure(idx, "2048", "| decode |", v41("candidate_blocks")),
+        Figure(idx, "2048", "(V4.1: 2048)", v41("candidate_blocks")),
+        Figure(idx, "2048", "is measured with 2048 queries only",
+               Text("overlay/deepinfer_sm80/bench/indexer.py", r"dense_m = m if n <= \(1 << 18\) else (\d+)")),
+        Figure(idx, "8192", "a [8192, 1M] fp32 matrix", Const("overlay/deepinfer_sm80/bench/indexer.py:PREFILL_QUERIES")),
+        *(Figure(idx, "8192", where, Calc("64 * d", d=v41("indexer_dim")))  # a tile: 64 keys x 128 codes
+          for where in ("the software decode of 8192 codes", "the decode (8192 codes")),
+        Figure(idx, "65536", "C = min(⌈L/512⌉·512, 65536)", Const(f"{stream}:CHUNK_MAX")),
+        Figure(idx, "16384", "| prefill, candidate-only |", Calc("n * b", n=v41("candidate_blocks"), b=v41("candidate_block_size"))),
+        Figure("docs/CHARTS.md", "8192", "streamed against dense at 8192 queries",
+               Const("overlay/deepinfer_sm80/bench/indexer.py:PREFILL_QUERIES")),
+        # MODEL.md: the config's shapes, per-rank o_proj input, threads per SM, the whitepapers' year
+        Figure(model, "5120", "| hidden size, target layers |", v41("hidden")),
+        Figure(model, "1280", "| low-rank projections |", v41("q_lora")),
+        Figure(model, "1024", "| low-rank projections |", v41("o_lora")),
+        Figure(model, "2048", "| candidate blocks |", v41("candidate_blocks")),
+        Figure(model, "2304", "| MoE |", v41("moe_intermediate")),
+        *(Figure(model, fig, o_input, Calc("g * o", g=v41("o_groups", tp), o=v41("o_lora")))
+          for fig, tp in (("4096", 2), ("2048", 4), ("1024", 8))),
+        Figure(model, "2048", "| threads / CTAs per SM |", Call("deepinfer_sm80.device:SM80", path="max_threads_per_sm")),
+        Figure(model, "1536", "| threads / CTAs per SM |", Call("deepinfer_sm80.device:SM86", path="max_threads_per_sm")),
+        Figure(model, "2020", "*", Quoted("vendor: the NVIDIA whitepapers' year of publication", r"whitepaper \(2020\)")),
+        # VALIDATE.md: the tiny checkpoint keeps these dims real (V4.1's), and its own vocabulary
+        Figure(val, "5120", dims, v41("hidden")),
+        Figure(val, "1280", dims, v41("q_lora")),
+        Figure(val, "1024", dims, v41("o_lora")),
+        Figure(val, "2048", dims, v41("candidate_blocks")),
+        Figure(val, "1024", "vocabulary 1024", Text(tiny, r'"vocab_size": (\d+)')),
+        Figure(val, "1000", "DSpark noise token 1000", Text(tiny, r'"dspark_noise_token_id": (\d+)')),
+        Figure("docs/ORACLE.md", "1024", "of ln 1024 = 6.9", Text(tiny, r'"vocab_size": (\d+)')),
+        Figure("docker/README.md", "1000", "| `IMAGE_UID` |", Quoted("vendor: Ubuntu 24.04's images carry user ubuntu with uid 1000", r"Ubuntu's `ubuntu`")),
+        Figure("harness/README.md", "1024", "(`k` = ×1024", Calc("n / 649", n=Text("harness/tests/test_cells.py", r'parse_size\("649k"\) == (\d+)'))),
+    )  # fmt: skip
+
+
 BLOCKERS = "docs/BLOCKERS.md"
 FIGURES: tuple[Figure, ...] = (
     *capabilities(BLOCKERS, "8.0", "8.6", "8.9", "9.0"),
@@ -369,4 +427,6 @@ FIGURES: tuple[Figure, ...] = (
     *oracle(),
     # harness/README.md
     *harness_readme(),
+    # bare numbers of 4+ digits (issue 39: figures, too)
+    *bare_numbers(),
 )  # fmt: skip

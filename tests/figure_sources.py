@@ -134,6 +134,7 @@ def _t_ppf(q: float, df: float) -> float:
 
 CALC_FUNCTIONS = {
     "min": min,
+    "mean": lambda *xs: sum(xs) / len(xs),
     "max": max,
     "ceil": math.ceil,
     "log": math.log,

@@ -421,13 +421,15 @@ ISSUE_39 = (
 
 
 # ----------------------------------------------------------------------------- figures in prose
+BARE = r"(?<!RTX )(?<!\bL)(?<!L\d{4}-)(?<!commit )(?<!RFC )"  # not a product, a line, a sha, an RFC
 UNIT = r"(?:GiB|MiB|KiB|TiB|GB|MB|KB|TB/s|GB/s|µs|ms|nats|min)"
-LEAD = r"(?<![\w.,$/])(?<![^\W\d]-)"  # a number's start: not in a word, a version, a path (-3.5, 1-2: yes)
+LEAD = r"(?<![\w.,$/#])(?<![^\W\d]-)"  # a number's start: not in a word, a version, a path (-3.5, 1-2: yes)
 FIGURE = re.compile(LEAD + r"\d{1,3}(?:,\d{3})+(?:\.\d+)?(?!\w|\.\d)"  # 5,530,310
                     r"|" + LEAD + r"\d+\.\d+(?:[×x%])?(?!\w|\.\d)"  # 2.13, 1.56×
                     r"|" + LEAD + r"\d+(?:[×%]| ?" + UNIT + r")(?![\w])"  # 4 GiB
-                    r"|" + LEAD + r"\d{3,}(?=(?: \w+)? (?:tensors|tokens|parameters|targets)\b)")  # fmt: skip
-# (a figure may end its sentence: "agreement 1.0." is the figure 1.0)
+                    r"|" + LEAD + r"\d{3,}(?=(?: \w+)? (?:tensors|tokens|parameters|targets)\b)"
+                    r"|" + LEAD + BARE + r"\d{4,}(?!\w|[.,]\d|-\d)")  # fmt: skip
+# (a figure may end its sentence: "agreement 1.0." is 1.0; a bare number counts from 4 digits: 5120)
 LEGACY = Path(__file__).with_name("claims_figures_legacy.txt")
 
 
