@@ -12,8 +12,16 @@ Two checks, each failing with one line per contradiction (`doc: "sentence…": w
   file is read and the claim checked against what it holds for that name (rows timed for an op,
   JUnit cases run or failed for a test or module).
 
+And every figure in prose (issue 39): a decimal, a thousands-separated or 4+-digit number, a ratio, a
+percentage, a size, a duration, a count of tokens / tensors / parameters / targets, typed outside a
+rendered region in README.md, docs/*.md, docker/README.md or harness/README.md, is either rendered
+(`make report`) or registered in tests/claims_figures.py with the source that holds it (a results
+JSON key, a code constant or computation, a pin, arithmetic over those, a labelled vendor / upstream /
+seed quote), and that source must give it at the decimals shown; the figures typed before issue 39
+and not yet sourced are listed, exactly, in tests/claims_figures_legacy.txt, which only shrinks.
+
 Rendered regions (`<!-- report:… -->`) are data, not prose, and are left out; so are headings
-("How the optimized level works") and code blocks.
+("How the optimized level works") and code blocks (the figures check reads headings too).
 """
 
 from __future__ import annotations
