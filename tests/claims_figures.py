@@ -96,6 +96,7 @@ V41_ROW = {
 }
 # mHC's fn: (2 + hc) * hc projections of the hc * hidden residual, fp32
 MHC_FN = "(2 + hc_mult) * hc_mult * hc_mult * hidden * 4"
+MHC_PREFILL = Const("overlay/deepinfer_sm80/bench/mhc.py:TOKENS.9")  # the bench's prefill T
 MHC_FLOOR = {
     f"t{i}": Json("gpu/mhc-bench-31b5269/mhc-h200.json", f"targets.{2 * i + 1}.measured") for i in range(8)
 }
@@ -257,7 +258,7 @@ def bare_numbers() -> tuple[Figure, ...]:
         Figure(idx, "2048", "is measured with 2048 queries only",
                Text("overlay/deepinfer_sm80/bench/indexer.py", r"dense_m = m if n <= \(1 << 18\) else (\d+)")),
         Figure(idx, "8192", "a [8192, 1M] fp32 matrix", Const("overlay/deepinfer_sm80/bench/indexer.py:PREFILL_QUERIES")),
-        *(Figure(idx, "8192", where, Calc("64 * d", d=v41("indexer_dim")))  # a tile: 64 keys x 128 codes
+        *(Figure(idx, "8192", where, Calc("n * d", n=Const(f"{stream}:BLOCK_N"), d=v41("indexer_dim")))  # a tile's codes
           for where in ("the software decode of 8192 codes", "the decode (8192 codes")),
         Figure(idx, "65536", "C = min(⌈L/512⌉·512, 65536)", Const(f"{stream}:CHUNK_MAX")),
         Figure(idx, "16384", "| prefill, candidate-only |", Calc("n * b", n=v41("candidate_blocks"), b=v41("candidate_block_size"))),
@@ -327,7 +328,9 @@ FIGURES: tuple[Figure, ...] = (
     *capabilities("docs/INDEXER.md", "8.0", "8.9", "9.0"),
     Figure("docs/INDEXER.md", "3.7", "(triton 3.7's", pin("TRITON_VERSION")),
     Figure("docs/INDEXER.md", "128 MiB", "*", Const("overlay/deepinfer_sm80/ops/indexer/stream.py:WORKSPACE_BYTES", scale=2**20)),
-    Figure("docs/INDEXER.md", "32 GiB", "a [8192, 1M] fp32 matrix alone is 32 GiB", Calc("8192 * 2**20 * 4 / 2**30")),
+    Figure("docs/INDEXER.md", "32 GiB", "a [8192, 1M] fp32 matrix alone is 32 GiB",
+           Calc("q * k * 4 / 2**30", q=Const("overlay/deepinfer_sm80/bench/indexer.py:PREFILL_QUERIES"),
+                k=Const("overlay/deepinfer_sm80/bench/indexer.py:KEYS.2"))),
     # docs/PATCH_01.md
     *capabilities("docs/PATCH_01.md", "8.0"),
     Figure("docs/PATCH_01.md", "25.2", "= 25.2 MB", Calc("(8192 * 641 * 4 + 8192 * 129 * 4) / 1e6")),
@@ -344,7 +347,8 @@ FIGURES: tuple[Figure, ...] = (
     Figure("docs/SPARSE_MLA.md", "0.04", "upstream's `_decode_num_splits` model",
            Quoted("upstream: vLLM 0.32.0's _decode_num_splits cost model (ops/sparse_mla/decode.py copies it)", r"upstream's")),
     Figure("docs/SPARSE_MLA.md", "1,536", "Prefill of a 1,536-token", Json("gpu/sparse_mla-h200.json", "rows.108.size")),
-    Figure("docs/SPARSE_MLA.md", "32 KB", "fp32 partial", Calc("16 * 512 * 4 / 1024")),  # 16 heads x 512 fp32 values
+    Figure("docs/SPARSE_MLA.md", "32 KB", "fp32 partial",  # a head block's fp32 rows of head_dim
+           Calc("h * d * 4 / 1024", h=Const("overlay/deepinfer_sm80/ops/sparse_mla/decode.py:BASE_BLOCK_H"), d=v41("head_dim"))),
     # docs/VALIDATE.md
     *capabilities("docs/VALIDATE.md", "8.0"),
     Figure("docs/VALIDATE.md", "2.11", "one H200 (torch 2.11", H200_TORCH),
@@ -390,8 +394,10 @@ FIGURES: tuple[Figure, ...] = (
     Figure("docs/MHC.md", "3.6", "## H200 run (2026-12-01", Json("gpu/mhc-run1/mhc-h200-run1.json", "provenance.versions.triton")),
     Figure("docs/MHC.md", "2.11", "One device call after the GPU check above", Json("gpu/mhc-bench-31b5269/mhc-h200.json", "provenance.versions.torch")),
     Figure("docs/MHC.md", "3.6", "One device call after the GPU check above", Json("gpu/mhc-bench-31b5269/mhc-h200.json", "provenance.versions.triton")),
-    Figure("docs/MHC.md", "47 MB", "fn is read once per 64 tokens", Calc("1536 / 64 * MHC_FN_BYTES / 1e6".replace("MHC_FN_BYTES", MHC_FN), **V41_SHAPE)),
-    Figure("docs/MHC.md", "755 MB", "fn is read once per 64 tokens", Calc("1536 / 4 * MHC_FN_BYTES / 1e6".replace("MHC_FN_BYTES", MHC_FN), **V41_SHAPE)),
+    Figure("docs/MHC.md", "47 MB", "fn is read once per 64 tokens",
+           Calc(f"t / m * {MHC_FN} / 1e6", t=MHC_PREFILL, m=Const("overlay/deepinfer_sm80/ops/mhc/splits.py:TC_BLOCK_M"), **V41_SHAPE)),
+    Figure("docs/MHC.md", "755 MB", "fn is read once per 64 tokens",
+           Calc(f"t / m * {MHC_FN} / 1e6", t=MHC_PREFILL, m=Call("deepinfer_sm80.ops.mhc.splits:_shape_for_tokens", (1536,), "0"), **V41_SHAPE)),
     Figure("docs/MHC.md", "7.0", "The floor targets are missed at every T they cover",
            Calc(f"min({', '.join(f't{i}' for i in range(8))})", **MHC_FLOOR)),
     Figure("docs/MHC.md", "8.8", "The floor targets are missed at every T they cover",

@@ -102,7 +102,7 @@ def _literal(node: ast.AST, names: dict[str, object]) -> object:
 
 
 def constants(path: Path) -> dict[str, object]:
-    """Top-level `NAME = <constant expression>` (and `NAME: T = …`) of a Python file, in order."""
+    """Top-level `NAME = <constant expression>` (`NAME: T = …`, `A, B = 1, 2`) of a Python file, in order."""
     names: dict[str, object] = {}
     for stmt in ast.parse(path.read_text()).body:
         targets: list[ast.expr] = []
@@ -111,11 +111,15 @@ def constants(path: Path) -> dict[str, object]:
         elif isinstance(stmt, ast.AnnAssign) and stmt.value is not None:
             targets, value = [stmt.target], stmt.value
         for target in targets:
-            if isinstance(target, ast.Name):
-                try:
+            try:
+                if isinstance(target, ast.Name):
                     names[target.id] = _literal(value, names)
-                except (ValueError, KeyError, TypeError, ZeroDivisionError, AttributeError):
-                    pass
+                elif isinstance(target, ast.Tuple) and isinstance(value, ast.Tuple):  # A, B = 1, 2
+                    for t, v in zip(target.elts, value.elts, strict=True):
+                        if isinstance(t, ast.Name):
+                            names[t.id] = _literal(v, names)
+            except (ValueError, KeyError, TypeError, ZeroDivisionError, AttributeError):
+                pass
     return names
 
 
