@@ -39,7 +39,7 @@ from pathlib import Path
 
 from deepinfer_harness.cells import format_cell
 from deepinfer_harness.config import WORKLOAD_FIELDS, ConfigError, Profile, load_profile, parse_numerics
-from deepinfer_harness.layout import ResultFileError, RunLayout, check_run_files
+from deepinfer_harness.layout import ResultFileError, RunLayout, check_run_files, read_json
 from deepinfer_harness.manifest import (
     DefinitionMismatch,
     check_resume,
@@ -294,13 +294,17 @@ def _bench_ab(
         written = charts_for_run(layout.root, charts_dir)
         progress.say(f"{len(written)} chart files under {charts_dir}")
     progress.say(f"{headline(summary)}; results: {layout.root} (table: {layout.root / 'ab.md'})")
+    cause = None
     if summary["missing_runs"]:  # 0 runs completed included: never exit 0
         cause = _missing_cause(layout, cells, summary["missing_runs"], outcome.failures)
         progress.say(
             f"error: {len(summary['missing_runs'])} runs missing ({cause}); resume with --run-id {run_id}"
         )
     if summary.get("self_test"):  # a declared A/A ends in one verdict: passed, or failed naming what
-        progress.say(summary["self_test"]["line"])
+        from deepinfer_harness.analysis.report import self_test
+
+        rows = read_json(layout.ab)["rows"]
+        progress.say(self_test(summary, rows, cause)["line"])  # the missing runs' cause named
     if summary["missing_runs"]:
         return EXIT_INCOMPLETE
     if args.strict and summary["n_invalid"]:

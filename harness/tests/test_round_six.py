@@ -393,7 +393,10 @@ def test_the_self_test_verdict_is_the_last_line_even_with_runs_missing(fake_serv
         fake_server.configure()
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-2].startswith("error: 8 runs missing (")
-    assert err[-1].startswith("self-test (A/A): FAILED: ") and "8 runs missing" in err[-1]
+    assert (
+        err[-1].startswith("self-test (A/A): FAILED: ") and "8 runs missing (the sweep points of " in err[-1]
+    )
+    assert "every run of rate-i16-o4-rsync-poisson broke a rule other than host load" in err[-1]  # why
 
 
 def test_the_smoke_profile_declares_its_aa_tolerances():

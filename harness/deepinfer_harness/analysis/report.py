@@ -607,18 +607,23 @@ def headline(summary: dict[str, Any]) -> str:
     )
 
 
-def self_test(summary: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, Any]:
+def self_test(
+    summary: dict[str, Any], rows: list[dict[str, Any]], missing_cause: str | None = None
+) -> dict[str, Any]:
     """A declared A/A run is the harness's self-test: both arms are one build, so it passes when
     every run is present and valid and no row claims or flags anything (every row ~ or ?); a
     numeric parity certificate counts only where tolerances were declared (status ok or failed).
-    Returns {"passed": bool, "line": one sentence naming what failed}."""
+    `missing_cause`: why runs are missing, where the caller knows (bench-ab's session outcome);
+    without it the first missing run is named. Returns {"passed": bool, "line": one sentence
+    naming what failed}."""
     failed = []
     if summary["n_invalid"]:
         first = summary["invalid_runs"][0]
         why = (first["violations"] or ["?"])[0]
         failed.append(f"{summary['n_invalid']} runs invalid (first: {first['run']}: {why})")
     if summary["missing_runs"]:
-        failed.append(f"{len(summary['missing_runs'])} runs missing (first: {summary['missing_runs'][0]})")
+        why = missing_cause or f"first: {summary['missing_runs'][0]}"
+        failed.append(f"{len(summary['missing_runs'])} runs missing ({why})")
     for mark, word in (("!", "flagged"), ("x", "not comparable"), ("-", "better"), ("+", "worse")):
         hit = [r for r in rows if r["mark"] == mark]
         if hit:
