@@ -569,6 +569,16 @@ def render_e2e_engines(res: Results, args: dict[str, str]) -> str:
     return table(header, out)
 
 
+def render_e2e_engine_met(res: Results, args: dict[str, str]) -> str:
+    """`M of N targets met` of one engine at one level of an e2e JSON (`engine=`, `level=`)."""
+    doc = res.json(_need(args, "file"))
+    prefix = f"{_need(args, 'engine')}/{_need(args, 'level')}/"
+    mine = [t for t in doc.get("targets", []) if t["name"].startswith(prefix)]
+    if not mine:
+        raise ReportError(f"results/{args['file']}: no target of {prefix}")
+    return f"{sum(bool(t['met']) for t in mine)} of {len(mine)} targets met"
+
+
 def render_e2e_summary(res: Results, args: dict[str, str]) -> str:
     """`N targets: M met, K open (names), F failed; wall W s` of an e2e JSON."""
     doc = res.json(_need(args, "file"))
@@ -757,6 +767,7 @@ RENDERERS: dict[str, Callable[[Results, dict[str, str]], str]] = {
     "e2e-cases": render_e2e_cases,
     "e2e-summary": render_e2e_summary,
     "e2e-engines": render_e2e_engines,
+    "e2e-engine-met": render_e2e_engine_met,
     "rows": render_rows,
     "headline": render_headline,
     "grid": render_grid,

@@ -100,7 +100,7 @@ class Engine:
     levels: tuple[str, ...] = LEVELS
     spec_of: str | None = None  # the engine whose greedy tokens this speculative engine must equal
     same_as: str | None = None  # the engine whose greedy tokens this one must equal (same level)
-    kind: str = "offline"  # offline (LLM in worker.py) | serve (vllm serve, serve.py)
+    kind: str = "offline"  # offline (LLM in worker.py) | serve (vllm serve, serve.py) | ray (ray_engine.py)
     aux_of: str | None = None  # the engine whose drafter inputs (coverage.AUX) this one must equal
     serve_flags: list[str] = field(default_factory=list)  # more `vllm serve` flags (kind "serve")
     env: dict[str, str] = field(default_factory=dict)
