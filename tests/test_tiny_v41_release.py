@@ -125,6 +125,12 @@ def test_release_engines() -> None:
     # the reference cut and both single stages also serve four requests in flight (twins case by case)
     for name in ("release_main", "release_dspark", "release_pp3_14_14_12_dspark"):
         assert [c.name for c in engines[name].cases] == ["short", "concurrent"], name
+    from deepinfer_sm80.testing.e2e.runner import worker_cases
+
+    cut = engines["release_pp3_14_14_12_dspark"]  # its concurrent case at the DeepInfer level only
+    assert [c["name"] for c in worker_cases(cut, "base")] == ["short"]
+    assert [c["name"] for c in worker_cases(cut, "optimized")] == ["short", "concurrent"]
+    assert [c["name"] for c in worker_cases(engines["release_main"], "base")] == ["short", "concurrent"]
     # the runner's plan is this one for a checkpoint of the release's layer count, in either plan kind
     from deepinfer_sm80.testing.e2e import runner
 

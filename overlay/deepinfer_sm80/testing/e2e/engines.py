@@ -89,6 +89,9 @@ class Case:
     # logprobs: the concurrent prompts (5-17 tokens) are too short for the NLL guard, which the single-stage
     # main engine itself misses on the 5-token one (0.5 nats over 4 scored tokens)
     tokens_only: bool = False
+    # the levels this case runs at (the engine's levels by default): a case too slow for the base level's
+    # kernels under the interpreter names the levels it runs at, and is absent from the others' checks
+    levels: tuple[str, ...] = LEVELS
 
 
 @dataclass

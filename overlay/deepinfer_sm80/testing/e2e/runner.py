@@ -217,8 +217,9 @@ def plan(kind: str, engram: bool, num_layers: int = 6, cuts: bool = False) -> li
     return engines
 
 
-def worker_cases(engine: Engine) -> list[dict[str, Any]]:
-    """The worker's plan of each case; a prefix-cache case asks for no prompt logprobs (Case)."""
+def worker_cases(engine: Engine, level: str | None = None) -> list[dict[str, Any]]:
+    """The worker's plan of each case (of those that run at `level`, when given); a prefix-cache case
+    asks for no prompt logprobs (Case)."""
     return [
         {
             "name": c.name,
@@ -227,6 +228,7 @@ def worker_cases(engine: Engine) -> list[dict[str, Any]]:
             "prompt_logprobs": not (c.expect_cached or c.tokens_only),
         }
         for c in engine.cases
+        if level is None or level in c.levels
     ]
 
 
@@ -262,7 +264,7 @@ def run_engine(
     if engine.engine.get("pipeline_parallel_size", 1) > 1:
         env[coverage.ENV_DIR] = str(cov_dir)  # the stages run in worker processes: each dumps at exit
     plan_path, out_path, log_path = run_dir / "plan.json", run_dir / "out.json", run_dir / "engine.log"
-    plan = {"model": str(model), "engine": engine.engine, "cases": worker_cases(engine)}
+    plan = {"model": str(model), "engine": engine.engine, "cases": worker_cases(engine, level)}
     plan_text = json.dumps(plan | ({"env": engine.env} if engine.env else {}))  # the worker reads the first 3
     if reuse and out_path.exists() and plan_path.exists() and plan_path.read_text() == plan_text:
         wall = log_path.stat().st_mtime - plan_path.stat().st_mtime  # the run's own start and end
@@ -364,6 +366,8 @@ def coverage_targets(level: str, engine: Engine, out: dict[str, Any]) -> list[di
         targets.append(_row_target(f"{engine.name}/{level}/load/row:{row}", load.get(row, 0)))
     by_name = {c["name"]: c for c in out.get("cases", [])}
     for case in engine.cases:
+        if level not in case.levels:
+            continue
         got = by_name.get(case.name, {}).get("rows", {})
         for row in case.rows.get(level, []):
             targets.append(_row_target(f"{engine.name}/{level}/{case.name}/row:{row}", got.get(row, 0)))
@@ -715,7 +719,7 @@ def main(argv: list[str] | None = None) -> int:
             from deepinfer_sm80.testing.e2e.serve import run_served
 
             out = run_served(
-                level, models[engine.name], args.work, worker_cases(engine), args.engine_timeout,
+                level, models[engine.name], args.work, worker_cases(engine, level), args.engine_timeout,
                 engine.serve_flags,
                 name=engine.name, extra_env=engine.env,
             )  # fmt: skip
