@@ -70,7 +70,7 @@ def test_overrides_and_validation():
     with pytest.raises(ConfigError, match="no profile"):
         load_profile("nope")
     assert sorted(p.stem for p in PROFILE_DIR.glob("*.yaml")) == sorted(
-        ["smoke", "tiny-v41", "ga100x6-tp2pp3", *REAL]
+        ["smoke", "tiny-v41", "tiny-v41-ray", "ga100x6-tp2pp3", *REAL]
     )
 
 
