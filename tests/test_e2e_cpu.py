@@ -275,6 +275,20 @@ def test_drafter_input_target_counts_every_difference() -> None:
     assert not moved["met"] and moved["measured"] == 1
     assert aux_target("t", "dspark", same[:1], same)["measured"] == 1  # a missing step counts
     assert not aux_target("t", "dspark", [], [])["met"]  # nothing recorded is not a pass
+    # the async scheduler's one extra step at a request's end, on either side, and only there
+    assert aux_target("t", "dspark", same[:1], same, overshoot=1)["met"]
+    assert aux_target("t", "dspark", same, same[:1], overshoot=1)["met"]
+    longer = [*same, [2, "c"]]
+    assert not aux_target("t", "dspark", [[0, "a"], [1, "x"]], longer, overshoot=1)["met"]
+    assert aux_target("t", "dspark", [[0, "a"]], longer, overshoot=1)["measured"] == 2  # two steps short
+
+
+def test_drafter_inputs_of_the_first_request_end_at_the_next_prefill() -> None:
+    from deepinfer_sm80.testing.e2e.runner import _first_request
+
+    aux = [[0, "a"], [1, "b"], [2, "c"], [1, "b2"], [2, "c2"], [0, "z"], [1, "y"]]
+    assert _first_request(aux) == aux[:5]
+    assert _first_request(aux[:5]) == aux[:5]
 
 
 def test_pp_groups_leave_the_spinning_shared_memory_channel() -> None:
