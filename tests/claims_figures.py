@@ -14,9 +14,9 @@ counts, at most LEGACY_CEILING in all: the list only shrinks.
 
 from __future__ import annotations
 
-from figure_sources import Calc, Call, Const, Defined, Figure, Json, Quoted, Text
+from figure_sources import Calc, Call, Code, Const, Defined, Figure, Json, Quoted, Text
 
-LEGACY_CEILING = 10_000
+LEGACY_CEILING = 12  # the count when the last document was sourced (issue 39); lower it as figures leave
 
 PINS = "docker/versions.env"
 TABLE = "overlay/deepinfer_sm80/table.py"
@@ -288,6 +288,151 @@ def bare_numbers() -> tuple[Figure, ...]:
     )  # fmt: skip
 
 
+def pp_plan(*partition: int):
+    from deepinfer_sm80.integration.pp import plan as P
+    from deepinfer_sm80.integration.pp.topology import Topology, v41_flash_fields
+
+    return P.build_plan(Topology.from_config(v41_flash_fields()), partition)
+
+
+def e2e_cpu() -> tuple[Figure, ...]:
+    """E2E_CPU.md's prose on the NLL shift: results/e2e-nll-shift.json (its tables are rendered),
+    the runner's constants, the full-plan base run."""
+    doc, shift = "docs/E2E_CPU.md", "e2e-nll-shift.json"
+    runner = "overlay/deepinfer_sm80/testing/e2e/runner.py"
+    e2e = ("short_12", "long_48", "long_130")
+    extras = [f"extra_{i}" for i in range(16)]
+
+    def pp(prompt: str, path: str) -> Json:
+        return Json(shift, f"per_prompt.{prompt}.{path}")
+
+    def over(fn: str, prompts, path: str) -> Calc:
+        names = {f"p{i}": pp(p, path) for i, p in enumerate(prompts)}
+        return Calc(f"{fn}({', '.join(names)})", **names)
+
+    ind = "independent.engine"
+    sixteen = "Over the 16 independent prompts the engine's mean shift"
+    settle = "The full logit rows settle it"
+    spread = "the SD over prompts of a prompt's own z"
+    small = "It is small, though"
+    gate = "The prediction c is not subtracted in the E2E gate"
+    modes = "The oracle's own modes have first-order terms of the same kind"
+    explained = "A scale that explained their first-order terms"
+    scale1 = "A 1 % scale would add about 0.29 nats"
+    peaks = "The peaks sit 28 logits above the mean"
+    return (
+        Figure(doc, "0.001", settle, Json(shift, f"{ind}.residual.mean")),
+        Figure(doc, "0.095", settle, Json(shift, f"{ind}.residual.se")),
+        Figure(doc, "0.028", sixteen, Json(shift, f"{ind}.observed.mean")),
+        Figure(doc, "0.096", sixteen, Json(shift, f"{ind}.observed.se")),
+        Figure(doc, "0.027", sixteen, Json(shift, f"{ind}.curvature.mean")),
+        Figure(doc, "0.001", sixteen, Json(shift, f"{ind}.residual.mean")),
+        Figure(doc, "0.095", sixteen, Json(shift, f"{ind}.residual.se")),
+        Figure(doc, "0.0016", "Over the 16 prompts, a − 1 =", Json(shift, f"{ind}.scale.mean")),
+        Figure(doc, "0.0007", "Over the 16 prompts, a − 1 =", Json(shift, f"{ind}.scale.se")),
+        Figure(doc, "1.13", "they range from", over("min", extras, "engine.observed.mean")),
+        Figure(doc, "0.56", "they range from", over("max", extras, "engine.observed.mean")),
+        Figure(doc, "0.004", small, over("min", e2e, "engine.curvature.mean")),
+        Figure(doc, "0.031", small, over("max", e2e, "engine.curvature.mean")),
+        Figure(doc, "0.004", gate, over("min", e2e, "engine.curvature.mean")),
+        Figure(doc, "0.03", gate, over("max", e2e, "engine.curvature.mean")),
+        Figure(doc, "0.3", gate, Calc("max(a / x, b / y, c / z)", a=pp("short_12", "engine.curvature.mean"), x=pp("short_12", "engine.observed.se"),
+                                     b=pp("long_48", "engine.curvature.mean"), y=pp("long_48", "engine.observed.se"),
+                                     c=pp("long_130", "engine.curvature.mean"), z=pp("long_130", "engine.observed.se"))),
+        Figure(doc, "0.066", "*", pp("short_12", "oracle_length.observed.mean")),
+        Figure(doc, "0.205", "and reports +0.205", Json("e2e-cpu-full-base.json", "engines.0.levels.base.cases.0.oracle.0.nll_shift")),
+        Figure(doc, "0.139", "The same engine against the oracle run on the prompt alone", pp("short_12", "engine.observed.mean")),
+        Figure(doc, "0.4", "per position, f has an SD of", over("min", e2e, "engine.first_order.sd")),
+        Figure(doc, "1.2", "per position, f has an SD of", over("max", e2e, "engine.first_order.sd")),
+        Figure(doc, "0.14", "while d spreads by only 0.14", over("mean", e2e, "engine.sd_vocab_mean")),
+        Figure(doc, "0.125", peaks, Calc("2.0 ** -3")),  # one bf16 ulp (8 mantissa bits) in [16, 32)
+        Figure(doc, "0.25", peaks, Calc("2.0 ** -2")),  # ... and in [32, 64)
+        Figure(doc, "0.28", modes, pp("long_130", "oracle_fp32.first_order.mean")),
+        Figure(doc, "0.25", modes, over("max", extras, "oracle_order.first_order.mean")),
+        Figure(doc, "0.29", modes, over("min", extras, "oracle_order.first_order.mean")),
+        Figure(doc, "0.9993", modes, over("min", e2e, "engine.scale.mean_scale")),
+        Figure(doc, "1.0003", modes, over("max", e2e, "engine.scale.mean_scale")),
+        Figure(doc, "2.4", explained, Calc("min(" + ", ".join(f"(f{i} - s{i}) / e{i}" for i in range(3)) + ")",
+               **{f"f{i}": pp(p, "engine.scale_for_first_order") for i, p in enumerate(e2e)},
+               **{f"s{i}": pp(p, "engine.scale.mean_scale") for i, p in enumerate(e2e)},
+               **{f"e{i}": pp(p, "engine.scale.se") for i, p in enumerate(e2e)})),
+        Figure(doc, "1.003", "A scale that explained their first-order terms", over("min", e2e, "engine.scale_for_first_order")),
+        Figure(doc, "1.007", "A scale that explained their first-order terms", over("max", e2e, "engine.scale_for_first_order")),
+        Figure(doc, "0.29", scale1, Calc("0.01 * h", h=over("mean", e2e + tuple(extras), "engine.peak_height_mean"))),
+        Figure(doc, "0.01", scale1, Defined("a 1 % scale, the sentence's own example")),
+        Figure(doc, "28.6", scale1, over("mean", e2e + tuple(extras), "engine.peak_height_mean")),
+        Figure(doc, "2.2×", scale1, Json(shift, f"{ind}.residual_z_sd")),
+        Figure(doc, "2.20", spread, Json(shift, f"{ind}.residual_z_sd")),
+        Figure(doc, "2.15", spread, Json(shift, "independent.oracle_order.residual_z_sd")),
+        Figure(doc, "1.06", spread, Json(shift, "independent.oracle_length.residual_z_sd")),
+        Figure(doc, "2.2", "*", Const(f"{runner}:NLL_Z_SPREAD")),
+        Figure(doc, "0.125", "The argued tolerance `NLL_MEAN_TOL`", Const("overlay/deepinfer_sm80/testing/oracle/tolerance.py:NLL_MEAN_TOL")),
+        Figure(doc, "0.5", "`NLL_GROSS_GUARD` = 64 eps", Const(f"{runner}:NLL_GROSS_GUARD")),
+        Figure(doc, "4.0", "the per-token bound `NLL_TOKEN_TOL`", Const("overlay/deepinfer_sm80/testing/oracle/tolerance.py:NLL_TOKEN_TOL")),
+        Figure(doc, "1,024", "the vocabulary has 1,024 entries", Text("scripts/make_tiny_v41.py", r'"vocab_size": (\d+)')),
+        Figure(doc, "1000", "the labels' support", Json(shift, "label_support.1")),
+        Figure(doc, "128", "needs a first request of more than 128 tokens", BLOCK),
+        Figure(doc, "130", "It runs on the three E2E prompts", Json(shift, "prompts.long_130")),
+        Figure(doc, "2.13", "*", pin("TORCH_VERSION")),
+    )  # fmt: skip
+
+
+def pipeline() -> tuple[Figure, ...]:
+    doc, cap = "docs/PIPELINE.md", "pp-kv-capacity.json"
+    cost = "Cost per rank on the last stage"
+    checks = "`tests/test_pp_capacity.py` checks every page"
+    ikv = Const(f"{TOPOLOGY}:IKV_RECORD_BYTES")
+
+    def ikv_page(n: str) -> Calc:
+        return Calc(PAGE.replace("n", f"({n})"), r=ikv, a=ALIGN, b=BLOCK)
+
+    def plan(what: str, fn) -> Code:
+        return Code(f"integration/pp/plan.py: {what} (V4.1-Flash's topology)", fn)
+
+    return (
+        Figure(doc, "0.92", "*", Json(cap, "deployments.0.assumptions.gpu_memory_utilization")),
+        Figure(doc, "0.95", "*", Json(cap, "deployments.1.assumptions.gpu_memory_utilization")),
+        Figure(doc, "64 GiB", "Cards: 64 GiB each", Json(cap, "deployments.0.assumptions.card_gib")),
+        Figure(doc, "4.25", "MXFP4 experts at 4.25 bits/param", Json(cap, "deployments.0.assumptions.expert_bits_per_param")),
+        Figure(doc, "6 GiB", "a 2 / 4 / 6 GiB assumed reserve", Json(cap, "deployments.0.assumptions.reserve_gib_swept.2")),
+        Figure(doc, "1,048,576", "A 1,048,576-token request takes", Json(cap, "deployments.0.assumptions.max_model_len")),
+        Figure(doc, "8,192", "8,192 blocks of the compressed group", Json(cap, "deployments.0.groups.4.blocks_per_request")),
+        *(Figure(doc, fig, cost, Calc(f"v / {tp} * h * 2", v=v41("vocab"), h=v41("hidden")))
+          for fig, tp in (("1,323,827,200", 1), ("661,913,600", 2), ("330,956,800", 4), ("165,478,400", 8))),
+        Figure(doc, "10,240", "one `hidden_size` bf16 row per aux layer", Calc("h * 2", h=v41("hidden"))),
+        Figure(doc, "40,976", "boundary payload beyond upstream's", Calc("hc * h * 2 + hc * 4", hc=v41("hc_mult"), h=v41("hidden"))),
+        Figure(doc, "8,908", "| 14,14,12 |", plan("payload_bytes_per_token(1) of 14,14,12", lambda: pp_plan(14, 14, 12).payload_bytes_per_token(1))),
+        Figure(doc, "2,632", "| 13,14,13 (vLLM's default) |",  # the token ids are named beside the table
+               Calc("p - i", p=plan("payload_bytes_per_token(0) of 13,14,13", lambda: pp_plan(13, 14, 13).payload_bytes_per_token(0)),
+                    i=Const(f"{TOPOLOGY}:TOKEN_ID_BYTES"))),
+        Figure(doc, "631 MiB", cost, Calc("v / 2 * h * 2 / 2**20", v=v41("vocab"), h=v41("hidden"))),
+        Figure(doc, "10,956", "| 13,14,13 (vLLM's default) |", plan("payload_bytes_per_token(1) of 13,14,13", lambda: pp_plan(13, 14, 13).payload_bytes_per_token(1))),
+        Figure(doc, "292.5", "| 13,14,13 (vLLM's default) |", plan("replica_kv_bytes_per_token(1) of 13,14,13", lambda: pp_plan(13, 14, 13).replica_kv_bytes_per_token(1))),
+        Figure(doc, "74,880", "*", page(BLOCK)),
+        Figure(doc, "74880", "*", page(BLOCK)),
+        Figure(doc, "37440", "*", page("b / 2")),
+        Figure(doc, "17280", "*", ikv_page("b")),
+        Figure(doc, "129280", cost, v41("vocab")),
+        Figure(doc, "5120", "*", v41("hidden")),
+        Figure(doc, "2048", "*", Calc("k * 4", k=v41("topk"))),  # a top-k row: index_topk int32
+        Figure(doc, "8192", "*", Calc("n * 4", n=v41("candidate_blocks"))),  # a candidate row: its blocks, int32
+        Figure(doc, "37,440", checks, page("b / 2")),
+        Figure(doc, "19,008", checks, page("32")),
+        Figure(doc, "17,280", "*", ikv_page("b")),
+        Figure(doc, "8,640", checks, ikv_page("b / 2")),
+    )  # fmt: skip
+
+
+def readme() -> tuple[Figure, ...]:
+    doc = "README.md"
+    return (
+        *capabilities(doc, "8.0", "8.9"),
+        Figure(doc, "2.13", "executed at torch 2.13 on sm_80", pin("TORCH_VERSION")),
+        Figure(doc, "64 GB", "the 64 GB GA100", Json("hardware-fit.json", "deployments.0.cards.1.card_gib")),
+        Figure(doc, "80 GB", "what is left on 40, 64 and 80 GB cards", Json("hardware-fit.json", "deployments.0.cards.2.card_gib")),
+    )  # fmt: skip
+
+
 BLOCKERS = "docs/BLOCKERS.md"
 FIGURES: tuple[Figure, ...] = (
     *capabilities(BLOCKERS, "8.0", "8.6", "8.9", "9.0"),
@@ -429,4 +574,8 @@ FIGURES: tuple[Figure, ...] = (
     *harness_readme(),
     # bare numbers of 4+ digits (issue 39: figures, too)
     *bare_numbers(),
+    # README.md, docs/E2E_CPU.md, docs/PIPELINE.md
+    *readme(),
+    *e2e_cpu(),
+    *pipeline(),
 )  # fmt: skip

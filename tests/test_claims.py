@@ -648,6 +648,12 @@ def test_a_changed_figure_in_prose_fails(tmp_path):
     doc.write_text(doc.read_text().replace("74,880 B (ratio 1)", "74,980 B (ratio 1)"))
     assert any("docs/BLOCKERS.md: figure '74,980'" in f for f in unregistered_figures(root))
     assert any("'74,880'" in f and "no such figure" in f for f in figure_disagreements(root))
+    # in PIPELINE.md itself, where the 5,530,310 -> 5,930,310 change passed: one digit of the drafter's cost
+    doc = root / "docs" / "PIPELINE.md"
+    assert "= 1,323,827,200 B at TP1" in doc.read_text()
+    doc.write_text(doc.read_text().replace("= 1,323,827,200 B at TP1", "= 1,323,827,300 B at TP1"))
+    assert any("docs/PIPELINE.md: figure '1,323,827,300'" in f for f in unregistered_figures(root))
+    assert any("'1,323,827,200'" in f and "no such figure" in f for f in figure_disagreements(root))
 
 
 def test_a_figure_moved_to_another_sentence_fails(tmp_path):
