@@ -17,8 +17,8 @@ percentage, a size, a duration, a count of tokens / tensors / parameters / targe
 rendered region in README.md, docs/*.md, docker/README.md or harness/README.md, is either rendered
 (`make report`) or registered in tests/claims_figures.py with the source that holds it (a results
 JSON key, a code constant or computation, a pin, arithmetic over those, a labelled vendor / upstream /
-seed quote), and that source must give it at the decimals shown; the figures typed before issue 39
-and not yet sourced are listed, exactly, in tests/claims_figures_legacy.txt, which only shrinks.
+seed quote), and that source must give it at the decimals shown. The legacy list of figures typed
+before issue 39 (tests/claims_figures_legacy.txt) is empty and gone: LEGACY_CEILING is 0.
 
 Rendered regions (`<!-- report:… -->`) are data, not prose, and are left out; so are headings
 ("How the optimized level works") and code blocks (the figures check reads headings too).
