@@ -197,7 +197,7 @@ def test_targets_name_their_misses(tmp_path: Path) -> None:
     facts["harness"] = {"rc": 4, "error": "the harness was stopped at the rehearsal's budget"}
     facts["leftovers"] = [4242]
     facts["server"]["died_lines"] = ["RayActorError: died unexpectedly"]
-    miss = {t["name"].split("/")[1]: t for t in rs.rehearsal_targets(facts) if not t["met"]}
+    miss = {t["name"].split("/")[-1]: t for t in rs.rehearsal_targets(facts) if not t["met"]}
     assert "served [1, 3] != main's [1, 2]" in miss["short_tokens_equal_main"]["cause"]
     assert "budget" in miss["harness_exit_status"]["cause"]
     assert miss["harness_runs_present"]["measured"] is None

@@ -258,7 +258,7 @@ def rehearsal_targets(f: dict[str, Any]) -> list[dict[str, Any]]:
     expected = harness.get("n_expected")
     present = harness.get("n_runs")
     leftovers = f.get("leftovers")
-    t = "ray_serve"
+    t = "ray_serve/optimized"  # engine/level/target, as the runner names its targets
     return [
         _target(f"{t}/ray_nodes_started", n_nodes, PP, "nodes", "min", True,
                 ray.get("error") or "the Ray nodes did not start"),
