@@ -53,27 +53,27 @@ test: lint test-cpu e2e-cpu
 # and serve, + TP2 x PP2, + the prefix hit) into results/e2e-cpu.json.
 .PHONY: e2e-cpu
 E2E_ARGS ?=
-e2e-cpu: setup fetch-vllm tiny-model
+e2e-cpu: setup fetch-vllm tiny-v41
 	$(PY) -m deepinfer_sm80.testing.e2e $(if $(EVIDENCE),--plan full --evidence) $(E2E_ARGS)
 
 # every PP2 and PP3 cut of the tiny checkpoint with DSpark at the DeepInfer level, beside the twins they are
 # held to (main, dspark): results/e2e-pp-cuts.json (about an hour on 2 cores: its wall_s; docs/E2E_CPU.md)
 .PHONY: e2e-pp-cuts
-e2e-pp-cuts: setup fetch-vllm tiny-model
+e2e-pp-cuts: setup fetch-vllm tiny-v41
 	$(PY) -m deepinfer_sm80.testing.e2e --cuts --engines 'main,dspark,cut_*' --levels optimized --engine-jobs 2 \
 		--out results/e2e-pp-cuts.json
 
 # the release's own 40-layer structure at tiny width (scripts/tiny_v41_release.py): one stage +- DSpark K=5,
 # 14,14,12 + DSpark (both levels), 13,14,13, 20,20 and PP8 -> results/e2e-release.json (docs/E2E_CPU.md)
 .PHONY: e2e-release
-e2e-release: setup fetch-vllm tiny-model
+e2e-release: setup fetch-vllm tiny-v41-release
 	$(PY) -m deepinfer_sm80.testing.e2e --model $(CACHE)/tiny-v41-release --engine-timeout 5400 \
 		--out results/e2e-release.json
 
 # the engine's full prompt logit rows against the oracle's: the NLL shift split into curvature, first
 # order and label terms, and the logit scale (~12 min here); EVIDENCE=1 writes results/e2e-nll-shift.json
 .PHONY: e2e-nll-shift
-e2e-nll-shift: setup fetch-vllm tiny-model
+e2e-nll-shift: setup fetch-vllm tiny-v41
 	$(PY) -m deepinfer_sm80.testing.e2e.logit_rows $(if $(EVIDENCE),--evidence)
 
 # patches/ from the binding table and the sha-verified tree; patches-check proves apply/compile/revert
@@ -102,9 +102,13 @@ sm80-report: setup
 
 # The tiny random-weight DeepSeek-V4.1 checkpoint (docs/VALIDATE.md); VALIDATE_ARGS e.g. "--keep-going".
 # In the image (no venv): python3 scripts/validate.py. Exit 3 = incomplete (no GPU: CPU steps only).
-.PHONY: validate tiny-model
-tiny-model: setup
+# `make tiny-model` builds both checkpoints; the targets that read one build only that one (the release
+# checkpoint's drafter distillation is minutes of CPU that `make test` does not need).
+.PHONY: validate tiny-model tiny-v41 tiny-v41-release
+tiny-model: tiny-v41 tiny-v41-release
+tiny-v41: setup
 	$(PY) scripts/make_tiny_v41.py --out $(CACHE)/tiny-v41
+tiny-v41-release: setup
 	$(PY) scripts/tiny_v41_release.py --out $(CACHE)/tiny-v41-release
 validate: setup
 	$(PY) scripts/validate.py --out $(CACHE)/validate --model $(CACHE)/tiny-v41 $(VALIDATE_ARGS)
@@ -154,7 +158,7 @@ image-smoke: fetch-vllm
 # 2 bad input, 3 invalid runs with --strict, 4 runs missing, 130 interrupted) is printed as the
 # last line and kept in $(BENCH_RESULTS)/.exit-status; a script that needs it as its exit status
 # runs the harness itself: $(PY) -m deepinfer_harness bench-ab ...
-bench-ab: setup $(if $(MODEL),,$(if $(filter tiny-v41,$(PROFILE)),fetch-vllm tiny-model))
+bench-ab: setup $(if $(MODEL),,$(if $(filter tiny-v41,$(PROFILE)),fetch-vllm tiny-v41))
 	@$(PY) -m deepinfer_harness bench-ab --profile $(PROFILE) $(if $(MODEL),--model $(MODEL)) \
 		--results $(BENCH_RESULTS) $(BENCH_ARGS); rc=$$?; \
 	mkdir -p $(BENCH_RESULTS) && echo $$rc > $(BENCH_RESULTS)/.exit-status; \
