@@ -196,24 +196,13 @@ RAY_NODES, RAY_GPUS = 2, 16  # the two-node deployment (a800x16-tp8pp2: TP8 x PP
 
 
 def ray_view(status_text: str) -> dict[str, Any]:
-    """`ray status`'s view: the active nodes and each resource's total ("Total Usage:" lines `used/total
-    NAME`; memory sizes are left out)."""
-    import re
+    """`ray status`'s view (integration.ray_status): the nodes up (Active and Idle: a cluster with no work
+    yet lists its nodes as idle) and each resource's total."""
+    from deepinfer_sm80.integration.ray_status import parse
 
-    nodes, resources, section = 0, {}, ""
-    for line in status_text.splitlines():
-        stripped = line.strip()
-        if stripped.endswith(":") and not stripped[0].isdigit():
-            section = stripped[:-1]
-            continue
-        if section == "Active":
-            m = re.match(r"(\d+) node_", stripped)
-            nodes += int(m.group(1)) if m else 0
-        elif section == "Total Usage":
-            m = re.match(r"[\d.]+/([\d.]+) (\w+)", stripped)
-            if m:
-                resources[m.group(2)] = float(m.group(1))
-    return {"active_nodes": nodes, "resources": resources}
+    status = parse(status_text)
+    resources = {name: total for name, (_, total) in status.usage.items()}
+    return {"active_nodes": status.nodes_up or 0, "resources": resources}
 
 
 def step_ray_cluster(ctx: dict) -> dict:

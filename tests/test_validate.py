@@ -281,6 +281,9 @@ def test_ray_view_reads_nodes_and_resources() -> None:
     assert view == {"active_nodes": 2, "resources": {"CPU": 2.0, "deepinfer_cpu_device": 2.0}}
     gpu = RAY_STATUS_CPU.replace(" 0.0/2.0 CPU\n", " 0.0/256.0 CPU\n 0.0/16.0 GPU\n")
     assert validate.ray_view(gpu)["resources"]["GPU"] == 16.0
+    # a node with no work yet is listed as idle, and is up: a fresh cluster before `vllm serve`
+    idle = RAY_STATUS_CPU.replace("\n 1 node_d27b", "\nIdle:\n 1 node_d27b")
+    assert "Idle:" in idle and validate.ray_view(idle)["active_nodes"] == 2
 
 
 def test_ray_cluster_step(monkeypatch: pytest.MonkeyPatch) -> None:

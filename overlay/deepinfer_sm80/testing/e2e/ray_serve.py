@@ -36,7 +36,6 @@ import argparse
 import hashlib
 import json
 import os
-import re
 import shlex
 import shutil
 import signal
@@ -99,33 +98,14 @@ def launch_facts(argv: Sequence[str], env: dict[str, str], address: str) -> dict
     }
 
 
-_USAGE = re.compile(r"([0-9.]+)\s*/\s*([0-9.]+)\s+" + re.escape(DEVICE_RESOURCE) + r"\b")
-_NODE_LINE = re.compile(r"^\s*(\d+)\s+(\S+)\s*$")
-
-
 def parse_ray_status(text: str) -> dict[str, Any]:
-    """`ray status`: the nodes up (the `Active:` and `Idle:` blocks' ` <count> <node>` lines: Ray's
-    autoscaler calls a node without work idle) and the stand-in device resource's use (`2.0/2.0
-    deepinfer_cpu_device …`, placement-group reservations counted as used); None where it does not say."""
-    block = None
-    nodes: int | None = None
-    for line in text.splitlines():
-        head = line.strip()
-        if head in ("Active:", "Idle:"):
-            block, nodes = head, nodes or 0
-            continue
-        if head.endswith(":") or not head:
-            block = None
-            continue
-        m = _NODE_LINE.match(line)
-        if block and m and nodes is not None:
-            nodes += int(m.group(1))
-    u = _USAGE.search(text)
-    return {
-        "nodes_up": nodes,
-        "devices_used": float(u.group(1)) if u else None,
-        "devices_total": float(u.group(2)) if u else None,
-    }
+    """`ray status` (integration.ray_status): the nodes up, Active and Idle alike, and the stand-in device
+    resource's use (placement-group reservations counted as used); None where it does not say."""
+    from deepinfer_sm80.integration.ray_status import parse
+
+    status = parse(text)
+    used, total = status.usage.get(DEVICE_RESOURCE, (None, None))
+    return {"nodes_up": status.nodes_up, "devices_used": used, "devices_total": total}
 
 
 def with_temp_dirs(specs: Sequence[NodeSpec], root: Path) -> list[NodeSpec]:
