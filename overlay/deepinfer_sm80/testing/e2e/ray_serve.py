@@ -294,17 +294,9 @@ def _group_pids(pgids: Sequence[int]) -> list[int]:
 
 def _stop_harness(proc: subprocess.Popen[bytes]) -> None:
     """Ctrl-C to the harness's group (it stops its cells and writes its report), then SIGKILL."""
-    for sig, wait_s in ((signal.SIGINT, 90.0), (signal.SIGKILL, 10.0)):
-        if proc.poll() is not None:
-            return
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=wait_s)
-        except subprocess.TimeoutExpired:
-            continue
+    from deepinfer_sm80.testing.e2e.serve import stop_group
+
+    stop_group(proc, ((signal.SIGINT, 90.0), (signal.SIGKILL, 10.0)))
 
 
 def rehearse(args: argparse.Namespace) -> dict[str, Any]:

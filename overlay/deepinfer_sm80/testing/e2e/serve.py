@@ -71,18 +71,23 @@ def _spec_counters(base: str) -> dict[str, float] | None:
     return found or None
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    for sig, wait_s in ((signal.SIGINT, 30.0), (signal.SIGTERM, 15.0), (signal.SIGKILL, 10.0)):
+def stop_group(proc: subprocess.Popen[bytes], steps: tuple[tuple[int, float], ...]) -> None:
+    """Each (signal, seconds) in turn to `proc`'s process group until its leader exits."""
+    for sig, wait_s in steps:
         if proc.poll() is not None:
-            break
+            return
         try:
             os.killpg(proc.pid, sig)
         except ProcessLookupError:
-            break
+            return
         try:
             proc.wait(timeout=wait_s)
         except subprocess.TimeoutExpired:
             continue
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    stop_group(proc, ((signal.SIGINT, 30.0), (signal.SIGTERM, 15.0), (signal.SIGKILL, 10.0)))
     try:  # the engine core shares the leader's process group
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
