@@ -18,6 +18,7 @@ from deepinfer_harness.layout import RunKey, RunLayout, read_json, write_json
 from deepinfer_harness.plan import CellDef
 from deepinfer_harness.records import read_records
 from deepinfer_harness.run import stale, sweep
+from deepinfer_harness.run.ports import cmdline
 from deepinfer_harness.run.preflight import read_config
 from deepinfer_harness.run.procs import MARKER_ENV, Identity
 
@@ -76,7 +77,10 @@ def test_a_process_matching_all_but_one_recorded_fact_is_never_stopped(tmp_path)
     unmarked = _foreign(argv)
     marked = _foreign(argv, env={**os.environ, MARKER_ENV: "tok"})
     try:
-        assert wait_for(lambda: Identity.of(unmarked.pid) and Identity.of(marked.pid))
+        # Popen returns when the child's exec has begun; /proc/<pid>/cmdline and environ read empty
+        # until the kernel has set up the new image's arguments (measured here: ~10 ms, longer
+        # under load), and a process with an empty command line is rightly not ours
+        assert wait_for(lambda: cmdline(unmarked.pid) == argv and cmdline(marked.pid) == argv)
         for proc, ticks_shift, marker in ((unmarked, 0, "tok"), (marked, 1, "tok"), (marked, 0, "other")):
             ident = Identity.of(proc.pid)
             assert ident is not None
@@ -402,3 +406,35 @@ def test_a_failed_self_test_names_what_failed(fake_server, tmp_path, capsys):
         verdict
     )
     assert "restart" in verdict[0]
+
+
+def test_a_live_harness_keeps_its_pid_file_even_while_it_names_no_match(tmp_path):
+    """Another harness's scan never removes the PID file of a run whose harness is alive: that
+    server may be mid-exec (empty command line); once the holder is gone the file is removed."""
+    results = tmp_path / "results"
+    results.mkdir()
+    holder_script = (
+        "import fcntl, os, sys, time\n"
+        "fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)\n"
+        "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+        "os.write(fd, f'{os.getpid()}\\n'.encode())\n"
+        "print('held', flush=True)\n"
+        "time.sleep(300)\n"
+    )
+    lock = results / ".live.lock"
+    owner = subprocess.Popen(
+        [sys.executable, "-c", holder_script, str(lock)],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert owner.stdout is not None and owner.stdout.readline().strip() == "held"
+        record = {"pid": owner.pid, "pgid": owner.pid, "start_ticks": 1, "boot_id": "x", "marker": "m"}
+        path = _pid_file(results, "live", record | {"argv": ["vllm", "serve"], "base_url": ""})
+        assert stale.clear(results, "other", {1}) == []
+        assert path.exists()
+    finally:
+        _reap(owner)
+    assert stale.clear(results, "other", {1}) == []
+    assert not path.exists()

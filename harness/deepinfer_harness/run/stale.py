@@ -10,7 +10,8 @@ merely looks like vLLM (a `VLLM::` title, another user's engine, a reused PID) i
 Its harness is dead when the run's lock is free (run/lock.py). Such a server is stopped (its
 process group SIGTERM, then SIGKILL; `docker rm -f` for a container) when it belongs to the run
 being resumed or listens on a port this run needs; one whose harness is still alive is only
-named. A PID file whose process is gone, or is now another program, is removed.
+named. A PID file whose process is gone, or is now another program, is removed, unless a live
+harness holds that run (its server may be starting).
 """
 
 from __future__ import annotations
@@ -93,13 +94,16 @@ def find(results: Path) -> list[StaleServer]:
     alive, see recorded_identity); PID files naming anything else are removed."""
     out = []
     for path in sorted(results.glob("*/logs/*.server.pid")):
+        run_id = path.parent.parent.name
+        owner = holder(lock_path(results, run_id))
         data = _read(path)
         identity = recorded_identity(data) if data else None
         if data is None or identity is None:
-            path.unlink(missing_ok=True)  # the process is gone, or the PID now names another program
+            # the process is gone, or the PID now names another program; a live harness's own file
+            # stays (its server may be mid-exec: its command line reads empty for a few ms)
+            if owner is None or owner == os.getpid():
+                path.unlink(missing_ok=True)
             continue
-        run_id = path.parent.parent.name
-        owner = holder(lock_path(results, run_id))
         out.append(
             StaleServer(
                 path,
