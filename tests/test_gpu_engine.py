@@ -68,6 +68,7 @@ def test_every_cuda_standin_names_the_upstream_op_and_the_sm80_code() -> None:
         standins.cuda_cp_gather_indexer_k_quant_cache,
         standins.cuda_top_k_per_row_prefill,
         standins.cuda_top_k_per_row_decode,
+        standins.cuda_capability_query,
     ):
         doc = fn.__doc__ or ""
         assert "Replaces:" in doc and "on sm_80" in doc.lower(), fn.__name__

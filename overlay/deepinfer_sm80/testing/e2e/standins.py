@@ -1140,7 +1140,11 @@ _CUDA_INSTALLED: list[bool] = []
 # of them is imported under a guard (`except ImportError` / `find_spec`) and is simply absent here, except
 # `_C_stable_libtorch`, which `platforms/cuda.py:23` imports unguarded: that one is an empty module, and
 # each op it would register is either stood in below or fails by name when called.
-COMPILED_EXTENSIONS = ("vllm._C_stable_libtorch",)
+# `vllm._C_stable_libtorch`: imported unguarded at platforms/cuda.py:23. `_vllm_fa2_C`: without it
+# `vllm/vllm_flash_attn/__init__.py:33` raises at import, reached from `fa_utils.py:24` by every model
+# (V4.1 attends through its own sparse MLA backends, never flash-attn: a call into the empty module's
+# ops fails loudly, AttributeError on torch.ops._vllm_fa2_C)
+COMPILED_EXTENSIONS = ("vllm._C_stable_libtorch", "vllm.vllm_flash_attn._vllm_fa2_C")
 # MXFP8 linear kernels ahead of vLLM's own EmulationMxfp8LinearKernel in the CUDA list
 # (`kernels/linear/__init__.py:552-560`): each needs a compiled library the box lacks (FlashInfer,
 # `_C.marlin_gemm`, B12x). Disabled through vLLM's own VLLM_DISABLED_KERNELS, so the emulation
@@ -1154,7 +1158,8 @@ MXFP8_KERNELS_WITHOUT_LIBRARY = (
 # Every CUDA stand-in: name -> (the upstream compiled op or library it replaces, what serves on sm_80).
 CUDA_STANDINS: dict[str, tuple[str, str]] = {
     "compiled_extensions_absent": (
-        "vllm._C_stable_libtorch (unguarded import at platforms/cuda.py:23; an empty module)",
+        "vllm._C_stable_libtorch (unguarded import at platforms/cuda.py:23) and "
+        "vllm.vllm_flash_attn._vllm_fa2_C (vllm_flash_attn/__init__.py:33 raises without it): empty modules",
         "the wheel's compiled extensions (torch 2.13 ABI)",
     ),
     "fused_qnorm_rope_kv_insert_cuda": (
@@ -1168,6 +1173,11 @@ CUDA_STANDINS: dict[str, tuple[str, str]] = {
     "indexer_k_gather_cuda": (
         "torch.ops._C_cache_ops.cp_gather_indexer_k_quant_cache (_custom_ops.py:3071)",
         "that CUDA op",
+    ),
+    "capability_queries_cuda": (
+        "torch.ops._C.cutlass_scaled_mm_supports_fp8 / _block_fp8 / _fp4, mxfp4_experts_quant_supported, "
+        "cutlass_group_gemm_supported (_custom_ops.py:736-851; asked at import, w8a8_utils.py:41)",
+        "those queries, answering False at capability 80",
     ),
     "persistent_topk_cuda": (
         "torch.ops._C.top_k_per_row_prefill / top_k_per_row_decode (_custom_ops.py:3027/3049)",
@@ -1459,10 +1469,32 @@ def cuda_top_k_per_row_decode(
     _cuda_note("persistent_topk_cuda")
 
 
+# the compiled extension's capability queries (`_custom_ops.py` 736-851), asked by vLLM at import time
+# (`w8a8_utils.py:41`) and when it picks kernels; each answers what the extension answers at
+# capability 80, the SM8x path this run imitates (every one needs sm_89 or later)
+CUDA_CAPABILITY_QUERIES = (
+    "cutlass_scaled_mm_supports_fp4",
+    "mxfp4_experts_quant_supported",
+    "cutlass_scaled_mm_supports_fp8",
+    "cutlass_scaled_mm_supports_block_fp8",
+    "cutlass_group_gemm_supported",
+)
+
+
+def cuda_capability_query(cuda_device_capability: int) -> bool:
+    """Replaces: the `_custom_ops` capability queries named in CUDA_CAPABILITY_QUERIES (`torch.ops._C`).
+    On sm_80 the compiled extension answers False to each (FP8 CUTLASS GEMMs need sm_89, block FP8 and
+    grouped GEMMs sm_90, FP4 sm_100); so does this, whatever capability is asked."""
+    del cuda_device_capability
+    return False
+
+
 def _cuda_custom_ops(module: Any) -> None:
     module.top_k_per_row_prefill = cuda_top_k_per_row_prefill
     module.top_k_per_row_decode = cuda_top_k_per_row_decode
     module.cp_gather_indexer_k_quant_cache = cuda_cp_gather_indexer_k_quant_cache
+    for name in CUDA_CAPABILITY_QUERIES:
+        setattr(module, name, cuda_capability_query)
 
 
 _CUDA_LIB: list[Any] = []
