@@ -195,6 +195,25 @@ def download(dest: Path) -> None:
     )
 
 
+def probe_site(files: dict[str, bytes]) -> bool:
+    """Unpack the optimized site as the device will and import the GPU run's modules in it
+    (testing/e2e/gpu_probe.py): a tree that fails here would fail on the device."""
+    import tempfile
+
+    from deepinfer_sm80.testing.e2e.gpu_probe import probe
+
+    with tempfile.TemporaryDirectory(prefix="gpu-probe-") as tmp:
+        site = Path(tmp)
+        for rel, data in files.items():
+            (site / rel).parent.mkdir(parents=True, exist_ok=True)
+            (site / rel).write_bytes(data)
+        ok, out = probe(site)
+    print(out or "gpu-engine-bundle: the device-like import check passed (gpu_probe)")
+    if not ok:
+        print("gpu-engine-bundle: the tree fails the device-like import check: no bundle", file=sys.stderr)
+    return ok
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=ROOT / ".cache" / "gpu-engine")
@@ -202,6 +221,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--wheels-from", type=Path, default=None, help="copy wheels from here instead of pip")
     ap.add_argument(
         "--model", type=Path, default=ROOT / ".cache" / "tiny-v41", help="make tiny-model's output"
+    )
+    ap.add_argument(
+        "--no-probe", action="store_true", help="skip the device-like import check (gpu_probe) of the tree"
     )
     args = ap.parse_args(argv)
     from deepinfer_sm80.testing.e2e.tree import TreeError, prepare
@@ -216,6 +238,8 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
     (out / "READY").unlink(missing_ok=True)
+    if not args.no_probe and not probe_site(optimized):
+        return 1
     delta = {rel: data for rel, data in optimized.items() if base.get(rel) != data}
     gone = sorted(set(base) - set(optimized))
     drafter = drafter_file(args.model, out / "drafter.safetensors")
