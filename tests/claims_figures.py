@@ -465,6 +465,8 @@ FIGURES: tuple[Figure, ...] = (
     Figure("docs/GPU_ENGINE.md", "0.25", "its margin of 0.25", Const("scripts/tiny_v41_drafter.py:MARGIN")),
     Figure("docs/GPU_ENGINE.md", "2.11", "| 8 at d0077a0 |", Json("gpu/engine-d0077a0-h100.json", "provenance.versions.torch")),
     Figure("docs/GPU_ENGINE.md", "80GB", "| 8 at d0077a0 |", Text("results/gpu/engine-d0077a0-h100.json", r"H100 (80)GB")),
+    Figure("docs/GPU_ENGINE.md", "80GB", "| 13 at b567a48 |", Text("results/gpu/engine-b567a48-h100.json", r"H100 (80)GB")),
+    Figure("docs/GPU_ENGINE.md", "8.0", "five capability queries answer False", CAPABILITY["8.0"]),
     # docs/INDEXER.md
     *capabilities("docs/INDEXER.md", "8.0", "8.9", "9.0"),
     Figure("docs/INDEXER.md", "3.7", "(triton 3.7's", pin("TRITON_VERSION")),

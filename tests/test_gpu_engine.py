@@ -219,3 +219,24 @@ def test_bundle_carries_platform_detection_and_the_drafter() -> None:
     manifest = json.loads((bundle / "manifest.json").read_text())
     assert manifest["drafter"]["shard_sha256"] == gpu.CPU_SHARD_SHA256
     assert (bundle / "drafter.safetensors").exists()
+
+
+def test_a_failed_engine_names_the_error_vllm_logged_before_its_generic_one() -> None:
+    from deepinfer_sm80.testing.e2e.gpu import with_root_cause
+
+    logged = [
+        "(MainProcess pid=1) ERROR 12-07 [registry.py:1120] Traceback (most recent call last):",
+        "(MainProcess pid=1) ERROR 12-07 [registry.py:1120] AttributeError: no attribute 'supports_x'",
+        "Traceback (most recent call last):",
+        '  File "x.py", line 1, in <module>',
+        "pydantic_core._pydantic_core.ValidationError: 1 validation error for ModelConfig",
+    ]
+    error = logged[-1]
+    assert (
+        with_root_cause(logged, error) == f"root cause: AttributeError: no attribute 'supports_x' | {error}"
+    )
+    # nothing logged before the traceback, or the same error: unchanged
+    assert with_root_cause(logged[2:], error) == error
+    assert with_root_cause(
+        ["ValueError: a", "Traceback (most recent call last):", "ValueError: a"], "ValueError: a"
+    ) == ("ValueError: a")

@@ -21,6 +21,7 @@ import argparse
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -67,6 +68,23 @@ CPU_RUNS = ("results/e2e-cpu.json", "results/e2e-cpu-full-base.json")
 # same script and the check compares the two.
 CPU_SHARD_SHA256 = "fff3c0cb70e9af27b6e1d03fabb2c837cc8bc80cfa48d4c43521d01929e4d66d"
 SHARD = "model-00001-of-00001.safetensors"
+
+
+_EXCEPTION_LINE = re.compile(r"(?:^|\] )((?:[\w.]+\.)?\w*(?:Error|Exception): .+)$")
+
+
+def with_root_cause(lines: list[str], error: str) -> str:
+    """`error` (the failing traceback's last lines), prefixed by the last exception line logged before
+    that traceback when it differs: vLLM often logs the real failure (a subprocess's traceback, a
+    worker's) and then raises a generic one (pydantic's "failed to be inspected")."""
+    final = next(
+        (i for i in range(len(lines) - 1, -1, -1) if lines[i].lstrip().startswith("Traceback")), len(lines)
+    )
+    for line in reversed(lines[:final]):
+        hit = _EXCEPTION_LINE.search(line.strip())
+        if hit and hit.group(1) not in error:
+            return f"root cause: {hit.group(1)} | {error}"
+    return error
 
 
 def gpu_env(level: str, sites: Path, wheels: Path | None) -> dict[str, str]:
@@ -223,7 +241,7 @@ def run_engine(
             "ok": False,
             "rc": rc,
             "wall_s": wall,
-            "error": " | ".join(lines[-3:]),
+            "error": with_root_cause(lines, " | ".join(lines[-3:])),
             "traceback": trace,
             "log_tail": lines[-60:],
         }
@@ -441,6 +459,8 @@ def cmd_check(args: argparse.Namespace) -> int:
                 )
                 continue
             out = json.loads(path.read_text())
+            if not out.get("ok") and "root cause" not in str(out.get("error", "")):
+                out["error"] = with_root_cause(list(out.get("log_tail") or []), str(out.get("error", "")))
             outs[level] = out
             report["targets"] += engine_targets(level, engine, out, oracle, done)
             if out.get("ok"):

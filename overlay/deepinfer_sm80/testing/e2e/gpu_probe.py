@@ -1,7 +1,7 @@
 """The GPU run's import path, checked here before a device call is spent on it.
 
 The lent GPU runs the wheel's Python tree with no compiled extension, behind the CUDA stand-ins
-(`standins.install_cuda`); vLLM resolves the CUDA platform there, so module-level code takes its
+(installed by the GPU hook); vLLM resolves the CUDA platform there, so module-level code takes its
 CUDA branches (capability queries, flash-attn imports) that a CPU run never reaches. This probe
 imports, in a fresh interpreter with the GPU run's PYTHONPATH and switches, the modules the engine
 loads for V4.1 and DSpark with vLLM's CUDA platform answering capability 8.0 (the SM8x path the run
