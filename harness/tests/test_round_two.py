@@ -178,6 +178,18 @@ def test_tiny_v41_profile_launches_each_arm_on_its_patched_level(monkeypatch, tm
         build_launch(load_profile("tiny-v41", ["max_model_len=2048"]), "A", "m", "r", 0)
 
 
+def test_a_level_profile_s_own_serve_flag_is_not_overridden_by_the_engine_s_default(monkeypatch, tmp_path):
+    """serve_args() ends the command line, so its --max-num-seqs 1 would win over the profile's."""
+    from deepinfer_harness.run.launch import build_launch
+
+    fake_e2e(monkeypatch, tmp_path)
+    profile = load_profile("tiny-v41", ["serve_flags=[--max-num-seqs, '4']"])
+    argv = build_launch(profile, "A", ".cache/tiny-v41", "r", 0).argv
+    assert argv.count("--max-num-seqs") == 1 and argv[argv.index("--max-num-seqs") + 1] == "4"
+    plain = build_launch(load_profile("tiny-v41"), "A", ".cache/tiny-v41", "r", 0).argv
+    assert plain[plain.index("--max-num-seqs") + 1] == "1"  # no profile flag: the engine's own
+
+
 def test_level_mode_without_the_overlay_is_one_line(monkeypatch, capsys, tmp_path):
     monkeypatch.setitem(sys.modules, "deepinfer_sm80.testing.e2e", None)  # import fails
     from deepinfer_harness.run import launch

@@ -15,6 +15,7 @@ import json
 import os
 import shlex
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -186,10 +187,13 @@ def level_env(level: str, work: str | None) -> tuple[tuple[str, str], ...]:
     return tuple(sorted(env.items()))
 
 
-def level_serve_args(profile: Profile) -> list[str]:
+def level_serve_args(profile: Profile, given: Sequence[str] = ()) -> list[str]:
     """The CPU engine's own flags (e2e.serve_args()), minus the ones the harness sets from the
-    profile, which must agree (a profile max_model_len larger than the engine's would be clamped)."""
+    profile, which must agree (a profile max_model_len larger than the engine's would be clamped),
+    and minus any flag already in `given` (the profile's serve_flags: a profile's --max-num-seqs
+    must not be overridden by the engine's default, which comes later on the command line)."""
     extra = list(_e2e().serve_args())
+    taken = {arg.split("=", 1)[0] for arg in given if arg.startswith("--")}
     mine = {"--max-model-len": str(profile.max_model_len), "--dtype": profile.dtype}
     mine["--kv-cache-dtype"] = profile.kv_cache_dtype
     out, i = [], 0
@@ -202,6 +206,10 @@ def level_serve_args(profile: Profile) -> list[str]:
                     f"tiny checkpoint with {flag} {extra[i + 1]} ({E2E_MODULE}.serve_args); set the same"
                 )
             i += 2
+            continue
+        valued = i + 1 < len(extra) and not extra[i + 1].startswith("--")
+        if flag in taken:
+            i += 2 if valued else 1
             continue
         out.append(flag)
         i += 1
@@ -242,7 +250,7 @@ def build_launch(profile: Profile, variant: str, model: str, run_id: str, sessio
     args = serve_args(profile, model, port)
     env = serve_env(profile, variant)
     if srv.mode == "level":  # issue 20: the patched CPU tree per arm, flags the CPU engine needs
-        args = args + level_serve_args(profile)
+        args = args + level_serve_args(profile, args)
         env = dict(level_env(srv.levels[variant], srv.level_work)) | env
     if srv.mode in ("local", "level"):
         command = local_command(profile, variant)
