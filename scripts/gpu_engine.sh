@@ -2,7 +2,7 @@
 # Issue 38: vLLM 0.32.0's engine on the lent GPU, tiny V4.1 checkpoint, through the SM8x path (capability
 # forced to 8.0), CUDA graphs and the async scheduler, at the DeepInfer then the base level.
 # Usage (on the device; .cache/gpu-engine carried, see scripts/gpu_engine_bundle.py):
-#   DEEPINFER_GIT_SHA=<sha> bash scripts/gpu_engine.sh OUT_DIR [ENGINES]
+#   DEEPINFER_GIT_SHA=<full sha: git rev-parse HEAD> bash scripts/gpu_engine.sh OUT_DIR [ENGINES]
 # ENGINES: name@level list for `python -m deepinfer_sm80.testing.e2e.gpu run` (default: all, in its order).
 # Each step is time-boxed (scripts/timebox.sh) and writes its JSON straight into OUT_DIR when it ends:
 # setup.json (versions folded in), <engine>-<level>.json; logs.tar.gz is rewritten after every step. A failing

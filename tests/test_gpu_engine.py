@@ -240,3 +240,16 @@ def test_a_failed_engine_names_the_error_vllm_logged_before_its_generic_one() ->
     assert with_root_cause(
         ["ValueError: a", "Traceback (most recent call last):", "ValueError: a"], "ValueError: a"
     ) == ("ValueError: a")
+
+
+def test_a_short_device_sha_is_recorded_as_the_full_commit() -> None:
+    import subprocess
+
+    from deepinfer_sm80.testing.e2e.gpu import full_sha
+
+    head = subprocess.run(
+        ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT
+    ).stdout.strip()
+    if len(head) == 40:  # a checkout with history
+        assert full_sha(head[:7]) == head and full_sha(head) == head
+    assert full_sha("not-a-sha") == "not-a-sha" and full_sha("") == ""

@@ -319,6 +319,22 @@ def _cpu_runs_provenance() -> list[dict[str, Any]]:
     return rows
 
 
+def full_sha(sha: str) -> str:
+    """The device's DEEPINFER_GIT_SHA as the full 40-hex sha of this checkout's commit (a short one
+    expanded by `git rev-parse`; unchanged when git cannot resolve it, which the provenance test
+    then reports)."""
+    if re.fullmatch(r"[0-9a-f]{40}", sha) or not re.fullmatch(r"[0-9a-f]{4,39}", sha):
+        return sha
+    proc = subprocess.run(
+        ["git", "rev-parse", "--verify", "--quiet", f"{sha}^{{commit}}"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    out = proc.stdout.strip()
+    return out if proc.returncode == 0 and re.fullmatch(r"[0-9a-f]{40}", out) else sha
+
+
 def shard_sha256(model: Path) -> str:
     h = hashlib.sha256()
     with (Path(model) / SHARD).open("rb") as f:
@@ -407,6 +423,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     local_sha = shard_sha256(model)
     same = device_sha == local_sha == CPU_SHARD_SHA256
     prov = dict(setup.get("provenance") or provenance())
+    prov["git_sha"] = full_sha(str(prov.get("git_sha", "")))
     prov["note"] = "torch/triton are the lent GPU image's, not the project's pins (torch 2.13, triton 3.7.1)"
     report: dict[str, Any] = {
         "provenance": prov,
