@@ -667,12 +667,11 @@ def _provenance(argv: list[str]) -> dict[str, Any]:
     return info
 
 
-# Engines at once: two. Tried here with three on 2 cores: the three DSpark engines that started
-# together took 408-499 s each, against about 290 s for each of two, so no more work got done per
-# second, and three PP DSpark engines held about 19 GiB. ENGINE_GIB: the most one 6-layer engine held
-# (a PP3 + DSpark engine: three stage workers, its main process and spawn helpers, about 6.5 GiB),
-# rounded up; a machine with less memory free runs fewer.
-MAX_JOBS, ENGINE_GIB = 2, 7
+# Engines at once. A pipeline engine computes on one stage at a time and every engine waits on
+# start-up and shutdown, so two engines left a quarter of 2 cores idle (`make test` here: 1.5 cores
+# busy on average in its e2e part); a third fills it. ENGINE_GIB: the most a 6-layer engine held here
+# (a PP3 + DSpark engine: its workers and main process, about 4 GiB), rounded up.
+MAX_JOBS, ENGINE_GIB = 3, 5
 
 
 def default_jobs() -> int:
