@@ -60,14 +60,14 @@ e2e-cpu: setup fetch-vllm tiny-v41
 # held to (main, dspark): results/e2e-pp-cuts.json (about an hour on 2 cores: its wall_s; docs/E2E_CPU.md)
 .PHONY: e2e-pp-cuts
 e2e-pp-cuts: setup fetch-vllm tiny-v41
-	$(PY) -m deepinfer_sm80.testing.e2e --cuts --engines 'main,dspark,cut_*' --levels optimized --jobs 2 \
+	$(PY) -m deepinfer_sm80.testing.e2e --cuts --engines 'main,dspark,cut_*' --levels optimized --engine-jobs 2 \
 		--out results/e2e-pp-cuts.json
 
 # the release's own 40-layer structure at tiny width (scripts/tiny_v41_release.py): one stage +- DSpark K=5,
 # 14,14,12 + DSpark (both levels), 13,14,13, 20,20 and PP8 -> results/e2e-release.json (docs/E2E_CPU.md)
 .PHONY: e2e-release
 e2e-release: setup fetch-vllm tiny-v41-release
-	$(PY) -m deepinfer_sm80.testing.e2e --model $(CACHE)/tiny-v41-release --engine-timeout 5400 --jobs 2 \
+	$(PY) -m deepinfer_sm80.testing.e2e --model $(CACHE)/tiny-v41-release --engine-timeout 5400 \
 		--out results/e2e-release.json
 
 # the engine's full prompt logit rows against the oracle's: the NLL shift split into curvature, first

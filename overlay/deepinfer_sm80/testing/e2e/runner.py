@@ -667,23 +667,6 @@ def _provenance(argv: list[str]) -> dict[str, Any]:
     return info
 
 
-# Engines at once. A pipeline engine computes on one stage at a time and every engine waits on
-# start-up and shutdown, so two engines left a quarter of 2 cores idle (`make test` here: 1.5 cores
-# busy on average in its e2e part); a third fills it. ENGINE_GIB: the most a 6-layer engine held here
-# (a PP3 + DSpark engine: its workers and main process, about 4 GiB), rounded up.
-MAX_JOBS, ENGINE_GIB = 3, 5
-
-
-def default_jobs() -> int:
-    """MAX_JOBS, or as many ENGINE_GIB engines as MemAvailable holds (at least one)."""
-    try:
-        meminfo = Path("/proc/meminfo").read_text()
-        kib = int(next(ln.split()[1] for ln in meminfo.splitlines() if ln.startswith("MemAvailable:")))
-    except (OSError, StopIteration, ValueError, IndexError):
-        return 2
-    return max(1, min(MAX_JOBS, kib // (ENGINE_GIB * 2**20)))
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     ap = argparse.ArgumentParser(
@@ -698,12 +681,8 @@ def main(argv: list[str] | None = None) -> int:
         "--evidence", action="store_true", help="write results/e2e-cpu.json (the committed evidence)"
     )
     ap.add_argument("--engine-timeout", type=float, default=1500.0, help="seconds per engine (all its cases)")
-    ap.add_argument(
-        "--jobs",
-        type=int,
-        default=None,
-        help=f"engines at once (default {MAX_JOBS}, fewer if MemAvailable holds fewer {ENGINE_GIB} GiB ones)",
-    )
+    ap.add_argument("--jobs", type=int, default=2, help="levels run side by side (one core each)")
+    ap.add_argument("--engine-jobs", type=int, default=1, help="engines of one level run side by side")
     ap.add_argument(
         "--engines", default="", help="only these engines of the plan (comma-separated names or patterns)"
     )
@@ -773,10 +752,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"e2e-cpu: engine {engine.name} at {level}: {status}", flush=True)
         return out
 
-    # one pool over every (level, engine), the longest engines first (a chain per level left a core idle
-    # while the slower level finished); --jobs engines at once
-    width = max(1, args.jobs) if args.jobs is not None else default_jobs()
-    print(f"e2e-cpu: {width} engines at once", flush=True)
+    # one pool over every (level, engine): --jobs levels' worth of slots, --engine-jobs each, the longest
+    # engines first (a pool per level left one core idle while the slower level's chain finished)
+    width = max(1, min(args.jobs, len(levels))) * max(1, args.engine_jobs)
     tasks = [(level, e) for level in levels for e in engines if level in e.levels]
     tasks.sort(key=lambda task: -expected_cost(task[1], task[0]))
     with ThreadPoolExecutor(max_workers=width) as pool:
