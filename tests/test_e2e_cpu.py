@@ -329,21 +329,3 @@ def test_a_dspark_engine_must_have_its_drafts_accepted() -> None:
     assert judged(24, 9)["met"] and judged(24, 9)["measured"] == 0.375
     assert not judged(9, 0)["met"]  # every draft rejected
     assert not judged(0, 0)["met"] and judged(0, 0)["measured"] is None  # nothing drafted
-
-
-def test_engines_run_longest_first_in_one_pool() -> None:
-    """The runner's one pool takes (level, engine) tasks by expected_cost: every DSpark engine before
-    every plain one of the same level, the base level before the DeepInfer level for the same engine."""
-    from deepinfer_sm80.testing.e2e import runner
-    from deepinfer_sm80.testing.e2e.engines import expected_cost
-
-    engines = runner.plan("ci", True)
-    for e in engines:
-        if "base" in e.levels and "optimized" in e.levels:
-            assert expected_cost(e, "base") > expected_cost(e, "optimized"), e.name
-    by_name = {e.name: e for e in engines}
-    pairs = [(e, by_name[f"{e.name}_dspark"]) for e in engines if f"{e.name}_dspark" in by_name]
-    assert len(pairs) >= 3  # the CI cuts' plain engines and their DSpark twins
-    for plain, twin in pairs:
-        for level in set(plain.levels) & set(twin.levels):
-            assert expected_cost(twin, level) > expected_cost(plain, level), (plain.name, level)

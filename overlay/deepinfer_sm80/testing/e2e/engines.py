@@ -114,17 +114,6 @@ class Engine:
         return self.env.get("VLLM_PP_LAYER_PARTITION")
 
 
-def expected_cost(engine: Engine, level: str) -> float:
-    """A rough rank of an engine's wall time, for running the longest first (the runner's one pool of
-    engines: longest-processing-time-first keeps both cores busy to the end). Weights from the CPU runs'
-    per-engine times (results/e2e-*.json `levels.*.wall_s`): a DSpark engine takes about twice a plain
-    one, the base level about 1.2x the DeepInfer level, the concurrent case about twice a short case."""
-    cases = sum(2.0 if case.name == "concurrent" else 1.0 for case in engine.cases)
-    speculative = "speculative_config" in engine.engine or any("speculative" in f for f in engine.serve_flags)
-    stages = len(engine.partition.split(",")) if engine.partition else 1
-    return cases * (2.0 if speculative else 1.0) * (1.2 if level == "base" else 1.0) + 0.1 * stages
-
-
 def base_engine_kwargs() -> dict[str, Any]:
     """The offline-LLM twin of `serve_args()`."""
     return {

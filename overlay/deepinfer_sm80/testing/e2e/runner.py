@@ -58,7 +58,6 @@ from deepinfer_sm80.testing.e2e.engines import (
     base_engine_kwargs,
     concurrent_case,
     cut_engines,
-    expected_cost,
     main_engine_kwargs,
     pp_engines,
     pp_kwargs,
@@ -752,16 +751,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"e2e-cpu: engine {engine.name} at {level}: {status}", flush=True)
         return out
 
-    # one pool over every (level, engine): --jobs levels' worth of slots, --engine-jobs each, the longest
-    # engines first (a pool per level left one core idle while the slower level's chain finished)
-    width = max(1, min(args.jobs, len(levels))) * max(1, args.engine_jobs)
-    tasks = [(level, e) for level in levels for e in engines if level in e.levels]
-    tasks.sort(key=lambda task: -expected_cost(task[1], task[0]))
-    with ThreadPoolExecutor(max_workers=width) as pool:
-        outs = list(pool.map(lambda task: one(*task), tasks))
-    by_level: dict[str, dict[str, dict[str, Any]]] = {level: {} for level in levels}
-    for (level, engine), out in zip(tasks, outs, strict=True):
-        by_level[level][engine.name] = out
+    def chain(level: str) -> dict[str, dict[str, Any]]:
+        """This level's engines (the levels run side by side, one core each); --engine-jobs runs that many
+        of one level's engines at once (each engine's checks come after every engine has run)."""
+        mine = [e for e in engines if level in e.levels]
+        with ThreadPoolExecutor(max_workers=max(1, args.engine_jobs)) as pool:
+            outs = list(pool.map(lambda e: one(level, e), mine))
+        return {e.name: out for e, out in zip(mine, outs, strict=True)}
+
+    with ThreadPoolExecutor(max_workers=max(1, min(args.jobs, len(levels)))) as pool:
+        by_level = dict(zip(levels, pool.map(chain, levels), strict=True))
     report["engines_wall_s"] = time.perf_counter() - t0
     oracles: dict[str, Any] = {}
     done: dict[str, dict[str, dict[str, Any]]] = {}  # engine -> level -> output
