@@ -119,41 +119,35 @@ print("PROBE" + json.dumps(out))
 """
 
 
-_PROBED: dict[tuple[Path, int, tuple[str, ...]], list[dict]] = {}
+_ANSWERS: dict[tuple[Path, int], dict[str, dict]] = {}
 
 
-def _probe(dest: Path, capability: int, code: str = _PROBE, *, with_: tuple[str, ...] = ()) -> dict:
-    """One interpreter per (tree, capability) runs `code` and every script of `with_` after it (each
-    prints one PROBE line); the answers are kept, so the tests that share a tree and a capability
-    import vLLM once (each import is about 9 s of CPU here) instead of once each."""
-    scripts = (code, *with_)
-    key = (dest, capability, scripts)
-    if key not in _PROBED:
+def _answers(dest: Path, capability: int, level: str) -> dict[str, dict]:
+    """Every probe of one tree at one capability, from one interpreter (each vLLM import is about 9 s
+    of CPU here): "bindings" always; "routing" and "upstream" (level-independent) on the base tree.
+    Each script runs in its own namespace, in that order (the last, _UPSTREAM_PATHS, fakes the
+    platform), and prints one PROBE line."""
+    key = (dest, capability)
+    if key not in _ANSWERS:
+        scripts = {"bindings": _PROBE}
+        if level == "base":
+            scripts |= {"routing": _ROUTING, "upstream": _UPSTREAM_PATHS}
         env = {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
             "PYTHONPATH": f"{dest}{os.pathsep}{ROOT / 'overlay'}",
             bindings.ENV_FORCE_CAPABILITY: str(capability),
             "VLLM_LOGGING_LEVEL": "ERROR",
         }
-        # each script in its own namespace, in order (the last, _UPSTREAM_PATHS, fakes the platform)
-        runner = "\n".join(f"exec({script!r}, {{}})" for script in scripts)
+        runner = "\n".join(f"exec({script!r}, {{}})" for script in scripts.values())
         proc = subprocess.run(
             [sys.executable, "-c", runner], capture_output=True, text=True, env=env, timeout=900
         )
         assert proc.returncode == 0, proc.stderr[-4000:]
         lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("PROBE")]
         assert len(lines) == len(scripts), proc.stdout[-4000:]
-        _PROBED[key] = [json.loads(ln[len("PROBE") :]) for ln in lines]
-    return _PROBED[key][0]
-
-
-def _probe_of(dest: Path, capability: int, script: str, level: str) -> dict:
-    """`script`'s answer from the shared interpreter of the base tree (see _probe), else its own."""
-    shared = (_ROUTING, _UPSTREAM_PATHS)
-    if level == "base" and script in shared:
-        _probe(dest, capability, _PROBE, with_=shared)
-        return _PROBED[(dest, capability, (_PROBE, *shared))][1 + shared.index(script)]
-    return _probe(dest, capability, script)
+        answers = (json.loads(ln[len("PROBE") :]) for ln in lines)
+        _ANSWERS[key] = dict(zip(scripts, answers, strict=True))
+    return _ANSWERS[key]
 
 
 def _expected(row: bindings.Binding, capability: int, level: str) -> str:
@@ -168,8 +162,7 @@ def _expected(row: bindings.Binding, capability: int, level: str) -> str:
 @pytest.mark.parametrize("capability", CAPABILITIES)
 def test_every_hooked_module_imports_and_binds_per_table(patched_vllm, capability: int) -> None:
     dest, level = patched_vllm
-    shared = (_ROUTING, _UPSTREAM_PATHS) if level == "base" else ()  # the base tree's one interpreter
-    got = _probe(dest, capability, with_=shared)
+    got = _answers(dest, capability, level)["bindings"]
     assert got["level"] == level
     want = {row.name: _expected(row, capability, level) for row in bindings.BINDINGS}
     assert got["rows"] == want
@@ -219,7 +212,7 @@ def test_routing_decisions(patched_vllm, capability: int) -> None:
     dest, level = patched_vllm
     if level != "base":
         pytest.skip("the routing below is level-independent; checked once")
-    got = _probe_of(dest, capability, _ROUTING, level)
+    got = _answers(dest, capability, level)["routing"]
     sm8x = capability < bindings.NO_FLASHMLA_CAPABILITY  # 8.0, 8.6 and Ada 8.9: no FlashMLA, no DeepGEMM
     assert got["backend_name"] == "DEEPINFER_SM8X_SPARSE_DSV41"
     assert got["supports"] == [True, True, False]
@@ -302,7 +295,7 @@ def test_upstream_ampere_paths_are_chosen(patched_vllm, capability: int) -> None
     dest, level = patched_vllm
     if level != "base":
         pytest.skip("level-independent; checked once")
-    got = _probe_of(dest, capability, _UPSTREAM_PATHS, level)
+    got = _answers(dest, capability, level)["upstream"]
     assert got["marlin_fp8"] is True and got["marlin_moe_device"] is True
     assert got["dense_method"] == "ModelOptLinearMethod"
     assert got["dense_kernels"] == ["MarlinMxfp8LinearKernel"]  # not EmulationMxfp8LinearKernel
