@@ -92,6 +92,11 @@ def gpu_env(level: str, sites: Path, wheels: Path | None) -> dict[str, str]:
     site = Path(sites) / canonical_level(level) / "site"
     if not (site / "vllm" / "__init__.py").exists():
         raise FileNotFoundError(f"{site}: no vLLM tree (unpack the GPU engine bundle first)")
+    return site_env(site, wheels)
+
+
+def site_env(site: Path, wheels: Path | None) -> dict[str, str]:
+    """gpu_env's settings for one unpacked site (also the device-like import probe's, gpu_probe.py)."""
     parts = [str(HOOK_DIR), str(OVERLAY_DIR), *([str(wheels)] if wheels else []), str(site)]
     return cuda_env() | {
         "PYTHONPATH": os.pathsep.join(parts),

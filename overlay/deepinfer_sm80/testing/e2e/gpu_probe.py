@@ -76,12 +76,12 @@ sys.exit(1 if failed else 0)
 
 
 def probe_env(site: Path) -> dict[str, str]:
-    """The GPU run's PYTHONPATH and CUDA switch (gpu.gpu_env, without the carried wheels: this
-    machine's own packages stand in for them)."""
-    from deepinfer_sm80.testing.e2e.gpu import HOOK_DIR, OVERLAY_DIR, cuda_env
+    """The GPU run's environment for this site (gpu.site_env), without the carried wheels: this
+    machine's own packages stand in for them."""
+    from deepinfer_sm80.testing.e2e.gpu import site_env
 
     keep = {k: os.environ[k] for k in ("PATH", "HOME", "TMPDIR") if k in os.environ}
-    return keep | cuda_env() | {"PYTHONPATH": os.pathsep.join([str(HOOK_DIR), str(OVERLAY_DIR), str(site)])}
+    return keep | site_env(site, None)
 
 
 def probe(site: Path, timeout_s: float = 900.0) -> tuple[bool, str]:
